@@ -1,0 +1,49 @@
+# tokenline: `make run` serves the embedded default model, `make test` runs the suite.
+# Both set everything up themselves (.venv, generated stubs, the default model).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+MODEL_DIR ?= models/tokenline-tiny
+PROTOS := $(wildcard proto/tokenline/v1/*.proto)
+STUBS := proto/tokenline/v1/frontend_pb2.py
+PYTEST_ARGS ?=
+
+.PHONY: all setup proto model run test lint fmt bench clean
+
+all: setup
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --upgrade --quiet pip
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP) $(STUBS)
+
+$(STUBS): $(PROTOS) $(STAMP)
+	$(PY) -m services.common.gen_protos
+
+proto: $(STAMP)
+	$(PY) -m services.common.gen_protos
+
+$(MODEL_DIR)/config.json: | $(STAMP)
+	$(PY) -m services.common.default_model --out $(MODEL_DIR)
+
+model: setup $(MODEL_DIR)/config.json
+
+run: model
+	$(PY) -m services.launch --model $(MODEL_DIR)
+
+test: model
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check services gateway tests bench
+
+fmt: setup
+	$(VENV)/bin/ruff format services gateway tests bench
+
+clean:
+	rm -rf $(VENV) models proto/tokenline/v1/*_pb2*.py proto/tokenline/v1/*_pb2*.pyi

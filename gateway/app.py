@@ -1,0 +1,58 @@
+"""The FastAPI app factory: routes, error handlers, middleware and the channel's life."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+from fastapi import FastAPI
+
+from gateway import routes_native, routes_openai
+from gateway.client import FrontendClient, create_channel
+from gateway.config import GatewayConfig
+from gateway.errors import install_error_handlers
+from gateway.metrics import GatewayMetrics
+from gateway.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestContextMiddleware
+
+ChannelFactory = Callable[[GatewayConfig], grpc.aio.Channel]
+
+
+def create_app(config: GatewayConfig, channel_factory: ChannelFactory | None = None) -> FastAPI:
+    """A gateway app; its one gRPC channel opens at startup and closes at shutdown.
+
+    `channel_factory` lets a caller supply the channel (tests, TLS); the default is
+    an insecure channel to `config.frontend_addr`.
+    """
+    make_channel = channel_factory or create_channel
+    metrics = GatewayMetrics()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        # grpc.aio channels bind to the running loop, so create it here, not at import.
+        channel = make_channel(config)
+        try:
+            # Lifespan state: handlers read these as request.state.frontend / .metrics.
+            yield {
+                "frontend": FrontendClient(channel, config.request_timeout_s),
+                "metrics": metrics,
+            }
+        finally:
+            await channel.close()
+
+    app = FastAPI(
+        title="tokenline gateway",
+        summary="OpenAI-compatible REST/SSE in front of the tokenline gRPC frontend",
+        lifespan=lifespan,
+    )
+    app.include_router(routes_openai.router)
+    app.include_router(routes_native.router)
+    install_error_handlers(app)
+    # add_middleware wraps: the last added runs first (request context is outermost).
+    if config.max_body_bytes:
+        app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics)
+    return app

@@ -1,0 +1,84 @@
+"""The gateway's side of the frontend channel: stubs, deadlines, and disconnect races.
+
+A gRPC call started for an HTTP request must not outlive that request's client:
+`until_disconnected` cancels the call when the client goes away, so the frontend
+aborts the request upstream instead of decoding for nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from starlette.requests import Request
+from tokenline.v1 import frontend_pb2_grpc
+
+from gateway.config import GatewayConfig
+from gateway.errors import GatewayError
+from services.common.grpc_server import READINESS_SERVICE
+
+T = TypeVar("T")
+
+HEALTH_TIMEOUT_S = 2.0
+_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+def create_channel(config: GatewayConfig) -> grpc.aio.Channel:
+    """The default channel factory: one long-lived insecure channel to the frontend."""
+    return grpc.aio.insecure_channel(
+        config.frontend_addr,
+        options=[
+            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+        ],
+    )
+
+
+class FrontendClient:
+    """Stubs over one channel, plus the per-request call options every RPC uses."""
+
+    def __init__(self, channel: grpc.aio.Channel, timeout_s: float | None) -> None:
+        self.channel = channel
+        self.stub = frontend_pb2_grpc.FrontendServiceStub(channel)
+        self._health = health_pb2_grpc.HealthStub(channel)
+        self._timeout_s = timeout_s
+
+    def options(self, request_id: str) -> dict[str, Any]:
+        """Deadline and request id for one call (`stub.X(req, **client.options(rid))`)."""
+        return {"timeout": self._timeout_s, "metadata": (("x-request-id", request_id),)}
+
+    async def is_ready(self) -> bool:
+        """True when the frontend's readiness health check answers SERVING."""
+        request = health_pb2.HealthCheckRequest(service=READINESS_SERVICE)
+        try:
+            reply = await self._health.Check(request, timeout=HEALTH_TIMEOUT_S)
+        except grpc.aio.AioRpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_disconnected(request: Request, step: Awaitable[T], call: grpc.aio.Call) -> T:
+    """Await one step of `call`; if the HTTP client leaves first, cancel the call (499)."""
+    result = asyncio.ensure_future(step)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait((result, watcher), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        call.cancel()
+        result.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if not result.done():
+        call.cancel()
+        result.cancel()
+        raise GatewayError(499, "client closed the request", code="client_closed_request")
+    return result.result()

@@ -1,0 +1,99 @@
+"""Gateway flags → one frozen config, built once at start."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.common.envs import env_default
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+DEFAULT_REQUEST_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """Everything the gateway process needs; never written after start."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    frontend_addr: str = "127.0.0.1:50051"
+    # None: no auth. Compared in constant time against `Authorization: Bearer <key>`.
+    api_key: str | None = None
+    # 0 disables the limit.
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # gRPC deadline for each request (a stream's whole life); None: no deadline.
+    request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
+    drain_timeout_s: float = 30.0
+    log_level: str = "info"
+
+
+def _non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def _non_negative_float(raw: str) -> float:
+    value = float(raw)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def create_parser() -> argparse.ArgumentParser:
+    """Flags, each with its TOKENLINE_* fallback so manifests and --help agree."""
+    p = argparse.ArgumentParser(
+        prog="python -m gateway",
+        description="tokenline's OpenAI-compatible REST/SSE gateway in front of the gRPC frontend",
+    )
+    p.add_argument("--host", default=env_default("TOKENLINE_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=env_default("TOKENLINE_PORT", 8000, int))
+    p.add_argument(
+        "--frontend-addr",
+        default=env_default("TOKENLINE_FRONTEND_ADDR", "127.0.0.1:50051"),
+        help="frontend gRPC address host:port",
+    )
+    p.add_argument(
+        "--api-key",
+        default=env_default("TOKENLINE_API_KEY", None),
+        help="require `Authorization: Bearer KEY` on /v1/* and /generate (env preferred)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=_non_negative_int,
+        default=env_default("TOKENLINE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, _non_negative_int),
+        help="larger request bodies get 413; 0 disables",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=_non_negative_float,
+        default=env_default(
+            "TOKENLINE_REQUEST_TIMEOUT", DEFAULT_REQUEST_TIMEOUT_S, _non_negative_float
+        ),
+        help="seconds before a request's gRPC deadline expires (504); 0: no deadline",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=_non_negative_float,
+        default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, _non_negative_float),
+    )
+    p.add_argument("--log-level", default=env_default("TOKENLINE_LOG_LEVEL", "info"))
+    return p
+
+
+def config_from_args(argv: Sequence[str] | None = None) -> GatewayConfig:
+    """Parse flags (and env fallbacks) into the frozen config."""
+    args = create_parser().parse_args(argv)
+    return GatewayConfig(
+        host=args.host,
+        port=args.port,
+        frontend_addr=args.frontend_addr,
+        api_key=args.api_key or None,
+        max_body_bytes=args.max_body_bytes,
+        request_timeout_s=args.request_timeout or None,
+        drain_timeout_s=args.drain_timeout,
+        log_level=args.log_level.lower(),
+    )

@@ -1,0 +1,224 @@
+"""OpenAI / native JSON bodies → request protos.
+
+The JSON quirks end here: `stop` as string or list, `content` as string or parts,
+`prompt` as text(s) or token id list(s), logit_bias keys as strings. Precedence
+rules (max_completion_tokens over max_tokens) and value ranges stay with the
+frontend, so the gateway forwards what the client said and nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2
+from google.protobuf.message import Message
+from tokenline.v1 import frontend_pb2, generate_pb2, openai_pb2
+
+from gateway.errors import GatewayError
+from gateway.schemas import (
+    ChatCompletionBody,
+    ChatMessageBody,
+    CompletionBody,
+    DetokenizeBody,
+    GenerateBody,
+    SharedRequestBody,
+    ToolBody,
+    ToolCallBody,
+)
+
+# Scalar fields copied verbatim from the body into OpenAISampling when present.
+_SAMPLING_SCALARS = (
+    "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+    "repetition_penalty", "max_tokens", "min_tokens", "ignore_eos", "seed", "n",
+    "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+)  # fmt: skip
+
+
+@contextmanager
+def _field(param: str) -> Iterator[None]:
+    """Turn protobuf's range/type errors into a 400 that names the field."""
+    try:
+        yield
+    except (ValueError, TypeError, OverflowError, json_format.ParseError) as exc:
+        raise GatewayError(400, f"{param}: {exc}", param=param, code="invalid_value") from None
+
+
+def _set_present(message: Message, source: Any, names: Sequence[str]) -> None:
+    for name in names:
+        value = getattr(source, name)
+        if value is not None:
+            with _field(name):
+                setattr(message, name, value)
+
+
+def normalize_stop(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
+def _struct(value: dict[str, Any], param: str) -> struct_pb2.Struct:
+    out = struct_pb2.Struct()
+    with _field(param):
+        out.update(value)
+    return out
+
+
+def _sampling(body: SharedRequestBody) -> openai_pb2.OpenAISampling:
+    out = openai_pb2.OpenAISampling(stop=normalize_stop(body.stop))
+    _set_present(out, body, _SAMPLING_SCALARS)
+    with _field("stop_token_ids"):
+        out.stop_token_ids.extend(body.stop_token_ids or ())
+    with _field("logit_bias"):
+        for token_id, bias in (body.logit_bias or {}).items():
+            out.logit_bias[int(token_id)] = bias
+    return out
+
+
+def _stream_options(body: SharedRequestBody) -> openai_pb2.StreamOptions | None:
+    opts = body.stream_options
+    if opts is None:
+        return None
+    return openai_pb2.StreamOptions(
+        include_usage=opts.include_usage, continuous_usage_stats=opts.continuous_usage_stats
+    )
+
+
+def _tool_call(call: ToolCallBody, index: int) -> openai_pb2.ToolCall:
+    fn = openai_pb2.ToolCallFunction(name=call.function.name, arguments=call.function.arguments)
+    position = index if call.index is None else call.index
+    return openai_pb2.ToolCall(id=call.id, type=call.type, function=fn, index=position)
+
+
+def _message(msg: ChatMessageBody) -> openai_pb2.ChatMessage:
+    out = openai_pb2.ChatMessage(
+        role=msg.role,
+        name=msg.name or "",
+        tool_call_id=msg.tool_call_id or "",
+        reasoning_content=msg.reasoning_content or "",
+        tool_calls=[_tool_call(c, i) for i, c in enumerate(msg.tool_calls or ())],
+    )
+    if isinstance(msg.content, str):
+        out.content = msg.content
+    elif msg.content is not None:
+        out.parts.SetInParent()  # an empty list is still "parts", not "no content"
+        out.parts.parts.extend(
+            openai_pb2.ContentPart(type=p.type, text=p.text or "") for p in msg.content
+        )
+    return out
+
+
+def _tool(tool: ToolBody, index: int) -> openai_pb2.Tool:
+    fn = tool.function
+    out = openai_pb2.Tool(type=tool.type)
+    out.function.name = fn.name
+    out.function.description = fn.description or ""
+    if fn.parameters is not None:
+        out.function.parameters.CopyFrom(_struct(fn.parameters, f"tools[{index}].parameters"))
+    return out
+
+
+def chat_request_to_proto(
+    body: ChatCompletionBody, request_id: str
+) -> openai_pb2.ChatCompletionRequest:
+    """Build the frontend's ChatCompletionRequest; `request_id` becomes the rid prefix."""
+    out = openai_pb2.ChatCompletionRequest(
+        model=body.model,
+        messages=[_message(m) for m in body.messages],
+        sampling=_sampling(body),
+        stream=body.stream,
+        stream_options=_stream_options(body),
+        logprobs=body.logprobs,
+        tools=[_tool(t, i) for i, t in enumerate(body.tools or ())],
+        continue_final_message=body.continue_final_message,
+        user=body.user or "",
+        request_id=request_id,
+    )
+    _set_present(out, body, ("max_completion_tokens", "top_logprobs", "add_generation_prompt"))
+    if body.tool_choice is not None:
+        with _field("tool_choice"):
+            json_format.ParseDict(body.tool_choice, out.tool_choice)
+    if body.chat_template_kwargs is not None:
+        out.chat_template_kwargs.CopyFrom(
+            _struct(body.chat_template_kwargs, "chat_template_kwargs")
+        )
+    return out
+
+
+def _prompt_into(
+    out: openai_pb2.CompletionRequest, prompt: str | list[str] | list[int] | list[list[int]]
+) -> None:
+    if isinstance(prompt, str):
+        out.prompts.append(prompt)
+        return
+    if not prompt:
+        raise GatewayError(400, "prompt: must not be empty", param="prompt", code="invalid_value")
+    with _field("prompt"):
+        if isinstance(prompt[0], str):
+            out.prompts.extend(prompt)
+        elif isinstance(prompt[0], int):
+            out.prompt_token_ids.add(ids=prompt)
+        else:
+            for ids in prompt:
+                out.prompt_token_ids.add(ids=ids)
+
+
+def completion_request_to_proto(
+    body: CompletionBody, request_id: str
+) -> openai_pb2.CompletionRequest:
+    """Build the frontend's CompletionRequest (one `prompts`/`prompt_token_ids` entry each)."""
+    out = openai_pb2.CompletionRequest(
+        model=body.model,
+        sampling=_sampling(body),
+        stream=body.stream,
+        stream_options=_stream_options(body),
+        echo=body.echo,
+        suffix=body.suffix or "",
+        user=body.user or "",
+        request_id=request_id,
+    )
+    _prompt_into(out, body.prompt)
+    _set_present(out, body, ("logprobs",))
+    return out
+
+
+def _generate_json(body: GenerateBody, request_id: str) -> dict[str, Any]:
+    """Rewrite SGLang's shorthands into proto JSON for GenerateReqInput."""
+    data = body.model_dump(exclude_none=True, exclude={"return_logprob", "top_logprobs_num"})
+    data["rid"] = body.rid or request_id
+    if isinstance(body.text, str):
+        data["text"] = [body.text]
+    ids = body.input_ids
+    if ids and isinstance(ids[0], int):
+        data["input_ids"] = [{"ids": ids}]
+    elif ids and isinstance(ids[0], list):
+        data["input_ids"] = [{"ids": row} for row in ids]
+    sampling = data.get("sampling_params", {})
+    if isinstance(sampling.get("stop"), str):
+        sampling["stop"] = [sampling["stop"]]
+    logprob = data.setdefault("logprob", {})
+    if body.return_logprob is not None:
+        logprob["return_logprob"] = body.return_logprob
+    if body.top_logprobs_num is not None:
+        logprob["top_logprobs_num"] = body.top_logprobs_num
+    return data
+
+
+def generate_request_to_proto(body: GenerateBody, request_id: str) -> generate_pb2.GenerateReqInput:
+    """Native request: proto JSON (either field-name style) with SGLang's shorthands."""
+    data = _generate_json(body, request_id)
+    try:
+        return json_format.ParseDict(
+            data, generate_pb2.GenerateReqInput(), ignore_unknown_fields=True
+        )
+    except json_format.ParseError as exc:
+        raise GatewayError(400, str(exc), code="invalid_value") from None
+
+
+def detokenize_request_to_proto(body: DetokenizeBody) -> frontend_pb2.DetokenizeRequest:
+    out = frontend_pb2.DetokenizeRequest(model=body.model)
+    with _field("tokens"):
+        out.tokens.extend(body.tokens)
+    return out

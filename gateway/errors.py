@@ -1,0 +1,155 @@
+"""The one mapping of failures onto HTTP statuses and OpenAI-shaped error bodies.
+
+Everything a client sees on failure is ``{"error": {"message", "type", "param", "code"}}``
+with a status from ``HTTP_STATUS_FOR_GRPC``; no traceback ever leaves the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+HTTP_STATUS_FOR_GRPC: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+_ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+    504: "timeout_error",
+}
+
+# The frontend writes "<field>: <message>" (services/common/errors.py); the field becomes `param`.
+# gRPC's own text when the channel cannot connect; it names internal addresses.
+_CONNECT_FAILURE = "failed to connect to all addresses"
+_FIELD_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_]\w*)*): ")
+
+
+class GatewayError(Exception):
+    """A client-visible failure raised by the gateway itself."""
+
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.status, self.message, param=self.param, code=self.code)
+
+
+def error_body(
+    status: int, message: str, *, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """The OpenAI error object; `type` follows the HTTP status."""
+    error_type = _ERROR_TYPES.get(
+        status, "server_error" if status >= 500 else "invalid_request_error"
+    )
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def from_rpc_error(exc: grpc.aio.AioRpcError) -> GatewayError:
+    """Translate a frontend status; `param` is the field the frontend named, if any."""
+    code = exc.code()
+    message = exc.details() or code.name.lower()
+    if code == grpc.StatusCode.UNAVAILABLE and message.startswith(_CONNECT_FAILURE):
+        message = "the frontend service is unreachable"  # not the internal address
+    match = _FIELD_PREFIX.match(message)
+    status = HTTP_STATUS_FOR_GRPC.get(code, 500)
+    return GatewayError(
+        status, message, param=match.group(1) if match else None, code=code.name.lower()
+    )
+
+
+# pydantic names union members in `loc` ("str", "list[int]", "ContentPartBody");
+# request fields are snake_case, so the first segment that is not one ends the path.
+_FIELD_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none"})
+
+
+def param_from_loc(loc: Sequence[str | int]) -> tuple[str | None, bool]:
+    """`("body", "messages", 0, "content", "str")` → `("messages[0].content", True)`.
+
+    The flag says a union member tag cut the path short (no accepted type matched).
+    """
+    text = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif _FIELD_NAME.match(part) and part not in _TYPE_TAGS:
+            text += f".{part}" if text else part
+        else:
+            return text or None, True
+    return text or None, False
+
+
+def _validation_error(exc: RequestValidationError) -> GatewayError:
+    first: dict[str, Any] = next(iter(exc.errors()), {})
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "invalid JSON")
+        return GatewayError(400, f"malformed JSON body: {detail}", code="invalid_json")
+    param, is_union = param_from_loc(first.get("loc", ()))
+    message = "matches none of the accepted types" if is_union else str(first.get("msg"))
+    if param is None:  # the body itself: absent, not JSON-typed, or not an object
+        message = "the request body must be a JSON object (Content-Type: application/json)"
+    return GatewayError(
+        400, f"{param}: {message}" if param else message, param=param, code="invalid_value"
+    )
+
+
+def json_error(err: GatewayError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every expected failure through `error_body`."""
+
+    async def on_gateway_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, GatewayError)
+        return json_error(exc)
+
+    async def on_rpc_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, grpc.aio.AioRpcError)
+        err = from_rpc_error(exc)
+        if err.status >= 500:
+            rid = getattr(request.state, "request_id", "-")
+            logger.warning("frontend call failed: %s (rid=%s)", exc.code().name, rid)
+        return json_error(err)
+
+    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return json_error(_validation_error(exc))
+
+    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        return json_error(GatewayError(exc.status_code, str(exc.detail)))
+
+    app.add_exception_handler(GatewayError, on_gateway_error)
+    app.add_exception_handler(grpc.aio.AioRpcError, on_rpc_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)

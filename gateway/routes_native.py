@@ -1,0 +1,77 @@
+"""Native and operational routes: /generate, tokenize, health and metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from tokenline.v1 import frontend_pb2
+
+from gateway.client import FrontendClient, until_disconnected
+from gateway.convert import detokenize_request_to_proto, generate_request_to_proto
+from gateway.errors import error_body
+from gateway.metrics import GatewayMetrics
+from gateway.render import generate_to_dict
+from gateway.schemas import DetokenizeBody, GenerateBody, TokenizeBody
+from gateway.sse import stream_response
+
+router = APIRouter()
+
+
+@router.post("/generate", response_model=None, tags=["native"])
+async def generate(body: GenerateBody, request: Request) -> Response:
+    """`GenerateReqInput` in, `GenerateResponse` out as proto JSON (SSE when streaming)."""
+    client: FrontendClient = request.state.frontend
+    proto = generate_request_to_proto(body, request.state.request_id)
+    options = client.options(request.state.request_id)
+    if proto.stream:
+        return await stream_response(
+            request, client.stub.GenerateStream(proto, **options), generate_to_dict
+        )
+    call = client.stub.Generate(proto, **options)
+    return JSONResponse(generate_to_dict(await until_disconnected(request, call, call)))
+
+
+@router.post("/v1/tokenize", tags=["native"])
+async def tokenize(body: TokenizeBody, request: Request) -> dict[str, Any]:
+    """Token ids of `prompt` with the served model's tokenizer."""
+    client: FrontendClient = request.state.frontend
+    proto = frontend_pb2.TokenizeRequest(
+        model=body.model, prompt=body.prompt, add_special_tokens=body.add_special_tokens
+    )
+    call = client.stub.Tokenize(proto, **client.options(request.state.request_id))
+    reply = await until_disconnected(request, call, call)
+    return {
+        "tokens": list(reply.tokens),
+        "count": reply.count,
+        "max_model_len": reply.max_model_len,
+    }
+
+
+@router.post("/v1/detokenize", tags=["native"])
+async def detokenize(body: DetokenizeBody, request: Request) -> dict[str, Any]:
+    """Text of `tokens` with the served model's tokenizer."""
+    client: FrontendClient = request.state.frontend
+    proto = detokenize_request_to_proto(body)
+    call = client.stub.Detokenize(proto, **client.options(request.state.request_id))
+    reply = await until_disconnected(request, call, call)
+    return {"prompt": reply.prompt}
+
+
+@router.get("/health", tags=["ops"], response_model=None)
+async def health(request: Request) -> Response:
+    """200 when the frontend's gRPC readiness check says SERVING, else 503."""
+    client: FrontendClient = request.state.frontend
+    if await client.is_ready():
+        return JSONResponse({"status": "ok"})
+    return JSONResponse(
+        error_body(503, "frontend is not ready", code="unavailable"), status_code=503
+    )
+
+
+@router.get("/metrics", tags=["ops"], response_model=None)
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition of the gateway's own request metrics."""
+    gateway_metrics: GatewayMetrics = request.state.metrics
+    return Response(gateway_metrics.exposition(), media_type=gateway_metrics.content_type)

@@ -1,0 +1,88 @@
+"""OpenAI-compatible routes: each converts JSON → proto, makes one call, renders back."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from tokenline.v1 import frontend_pb2, openai_pb2
+
+from gateway.client import FrontendClient, until_disconnected
+from gateway.convert import chat_request_to_proto, completion_request_to_proto
+from gateway.errors import GatewayError
+from gateway.render import (
+    chat_chunk_to_dict,
+    chat_completion_to_dict,
+    completion_to_dict,
+    model_list_to_dict,
+    model_to_dict,
+)
+from gateway.schemas import ChatCompletionBody, CompletionBody, SharedRequestBody
+from gateway.sse import stream_response
+
+router = APIRouter(tags=["openai"])
+
+
+def _include_usage(body: SharedRequestBody) -> bool:
+    return body.stream_options is not None and body.stream_options.include_usage
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(body: ChatCompletionBody, request: Request) -> Response:
+    """Chat completion; `stream: true` answers with SSE `chat.completion.chunk` frames."""
+    client: FrontendClient = request.state.frontend
+    rid: str = request.state.request_id
+    proto = chat_request_to_proto(body, rid)
+    if body.stream:
+        call = client.stub.ChatCompletionStream(proto, **client.options(rid))
+        render = partial(
+            chat_chunk_to_dict, include_usage=_include_usage(body), logprobs=body.logprobs
+        )
+        return await stream_response(request, call, render)
+    unary = client.stub.ChatCompletion(proto, **client.options(rid))
+    result = await until_disconnected(request, unary, unary)
+    return JSONResponse(chat_completion_to_dict(result, logprobs=body.logprobs))
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(body: CompletionBody, request: Request) -> Response:
+    """Text completion; `stream: true` answers with SSE `text_completion` frames."""
+    client: FrontendClient = request.state.frontend
+    rid: str = request.state.request_id
+    proto = completion_request_to_proto(body, rid)
+    render = partial(
+        completion_to_dict, include_usage=_include_usage(body), logprobs=body.logprobs is not None
+    )
+    if body.stream:
+        call = client.stub.CompletionStream(proto, **client.options(rid))
+        return await stream_response(request, call, render)
+    unary = client.stub.Completion(proto, **client.options(rid))
+    result = await until_disconnected(request, unary, unary)
+    return JSONResponse(render(result))
+
+
+async def _list_models(request: Request) -> openai_pb2.ModelList:
+    client: FrontendClient = request.state.frontend
+    call = client.stub.ListModels(
+        frontend_pb2.ListModelsRequest(), **client.options(request.state.request_id)
+    )
+    return await until_disconnected(request, call, call)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    """The models the frontend serves."""
+    return model_list_to_dict(await _list_models(request))
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
+    """One model by id (ids may contain `/`); 404 when the frontend does not serve it."""
+    for model in (await _list_models(request)).data:
+        if model.id == model_id:
+            return model_to_dict(model)
+    raise GatewayError(
+        404, f"The model '{model_id}' does not exist", param="model", code="model_not_found"
+    )

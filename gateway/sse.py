@@ -1,0 +1,71 @@
+"""Server-sent events: OpenAI's framing of a gRPC server stream.
+
+Each message is one `data: {json}` frame and a clean end is `data: [DONE]`. A
+failure after the first frame cannot change the HTTP status any more, so it is
+sent as one `data: {"error": {...}}` frame (the OpenAI SDK raises it as APIError)
+and the stream ends without `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from gateway.client import until_disconnected
+from gateway.errors import GatewayError, from_rpc_error
+
+logger = logging.getLogger(__name__)
+
+DONE_FRAME = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+Render = Callable[[Any], dict[str, Any]]
+
+
+def sse_frame(payload: dict[str, Any]) -> bytes:
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return b"data: " + text.encode("utf-8") + b"\n\n"
+
+
+async def relay(
+    call: grpc.aio.UnaryStreamCall, first: Message | Any, render: Render
+) -> AsyncIterator[bytes]:
+    """Frames for `first` and every later message; the call is cancelled however this ends.
+
+    Starlette cancels this generator when the client disconnects; the `finally`
+    then cancels the RPC, which the frontend sees as CancelledError and aborts.
+    """
+    try:
+        message = first
+        while message is not grpc.aio.EOF:
+            yield sse_frame(render(message))
+            message = await call.read()
+        yield DONE_FRAME
+    except grpc.aio.AioRpcError as exc:
+        yield sse_frame(from_rpc_error(exc).body())
+    except Exception:
+        logger.exception("stream relay failed")
+        yield sse_frame(GatewayError(500, "internal error while streaming").body())
+    finally:
+        call.cancel()
+
+
+async def stream_response(
+    request: Request, call: grpc.aio.UnaryStreamCall, render: Render
+) -> StreamingResponse:
+    """Wait for the first message so errors before any output get a real HTTP status."""
+    try:
+        first = await until_disconnected(request, call.read(), call)
+    except BaseException:
+        call.cancel()
+        raise
+    return StreamingResponse(
+        relay(call, first, render), media_type="text/event-stream", headers=SSE_HEADERS
+    )

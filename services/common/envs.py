@@ -1,0 +1,55 @@
+"""Every TOKENLINE_* environment variable, declared once.
+
+Flags are the primary interface; each flag whose value may come from the
+environment names its variable here, so `--help`, compose files and k8s
+manifests agree. Values are parsed once at start and a bad value is an error
+that names the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class EnvVar:
+    name: str
+    help: str
+
+
+ENV_VARS: dict[str, EnvVar] = {
+    v.name: v
+    for v in (
+        EnvVar("TOKENLINE_MODEL", "model directory (HF layout)"),
+        EnvVar("TOKENLINE_HOST", "address a service binds to"),
+        EnvVar("TOKENLINE_PORT", "gRPC (or HTTP for the gateway) port"),
+        EnvVar("TOKENLINE_METRICS_PORT", "Prometheus /metrics port (0 disables)"),
+        EnvVar("TOKENLINE_FRONTEND_ADDR", "frontend gRPC address host:port"),
+        EnvVar("TOKENLINE_SCHEDULER_ADDRS", "comma-separated scheduler gRPC addresses"),
+        EnvVar("TOKENLINE_DETOKENIZER_ADDR", "detokenizer gRPC address host:port"),
+        EnvVar("TOKENLINE_DTYPE", "model dtype: auto, bfloat16, float16, float32"),
+        EnvVar("TOKENLINE_DEVICE", "torch device: cpu or cuda"),
+        EnvVar("TOKENLINE_API_KEY", "gateway bearer token; unset disables auth"),
+        EnvVar("TOKENLINE_LOG_LEVEL", "logging level"),
+        EnvVar("TOKENLINE_LOG_JSON", "1 for JSON log lines"),
+        EnvVar("TOKENLINE_DRAIN_TIMEOUT", "seconds to finish in-flight work on SIGTERM"),
+        EnvVar("TOKENLINE_MAX_BODY_BYTES", "gateway request body limit in bytes (0 disables)"),
+        EnvVar("TOKENLINE_REQUEST_TIMEOUT", "gateway per-request gRPC deadline in seconds (0: none)"),
+    )
+}
+
+
+def env_default(name: str, default: Any, parse: Callable[[str], Any] = str) -> Any:
+    """The parsed value of a declared variable, or ``default`` when unset."""
+    if name not in ENV_VARS:
+        raise KeyError(f"undeclared environment variable {name}; add it to ENV_VARS")
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        raise SystemExit(f"bad value for {name}={raw!r}: {exc}") from exc

@@ -1,0 +1,94 @@
+"""Shared gRPC process shell: health, reflection, metrics port, graceful drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+logger = logging.getLogger(__name__)
+
+# Readiness probes ask for this service name; liveness asks for "" (the server).
+READINESS_SERVICE = "tokenline.readiness"
+
+
+class GrpcProcess:
+    """A grpc.aio server with the standard services, ready to serve until SIGTERM.
+
+    Readiness (``READINESS_SERVICE`` and each registered service name) stays
+    NOT_SERVING until ``set_ready(True)``; on SIGTERM every name flips to
+    NOT_SERVING, new RPCs are refused and in-flight ones get ``drain_timeout``.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        service_names: Sequence[str],
+        metrics_port: int = 0,
+        max_concurrent_rpcs: int | None = None,
+    ) -> None:
+        self.server = grpc.aio.server(
+            maximum_concurrent_rpcs=max_concurrent_rpcs,
+            options=[
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ],
+        )
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.service_names = list(service_names)
+        reflection.enable_server_reflection(
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
+        )
+        self.address = f"{host}:{port}"
+        self.port = self.server.add_insecure_port(self.address)
+        self.metrics_port = metrics_port
+        self._stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        await self.server.start()
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self.set_ready(False)
+        if self.metrics_port:
+            start_http_server(self.metrics_port, addr="0.0.0.0")
+        logger.info("gRPC listening on port %d", self.port)
+
+    async def set_ready(self, ready: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if ready
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in (READINESS_SERVICE, *self.service_names):
+            await self.health.set(name, status)
+
+    async def serve_until_signal(
+        self, drain_timeout: float, on_drain: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Block until SIGTERM/SIGINT, then drain and stop."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
+        await self._stopping.wait()
+        logger.info("draining for up to %.1fs", drain_timeout)
+        await self.health.enter_graceful_shutdown()
+        if on_drain is not None:
+            await on_drain()
+        await self.server.stop(drain_timeout)
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )

@@ -1,0 +1,69 @@
+"""`python -m services.detokenizer --model DIR --port N`"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import dataclass
+
+from tokenline.v1 import detokenizer_pb2, detokenizer_pb2_grpc
+
+from services.common.envs import env_default
+from services.common.grpc_server import GrpcProcess, setup_logging
+from services.common.tokenizer import load_tokenizer
+from services.detokenizer.manager import DetokenizerManager
+from services.detokenizer.server import DetokenizerServicer
+
+SERVICE_NAME = detokenizer_pb2.DESCRIPTOR.services_by_name["DetokenizerService"].full_name
+
+
+@dataclass(frozen=True, slots=True)
+class DetokenizerConfig:
+    model: str
+    host: str
+    port: int
+    metrics_port: int
+    max_decode_states: int
+    drain_timeout: float
+    log_level: str
+
+
+def parse_args(argv: list[str] | None = None) -> DetokenizerConfig:
+    p = argparse.ArgumentParser(prog="tokenline-detokenizer", description=__doc__)
+    p.add_argument("--model", default=env_default("TOKENLINE_MODEL", "models/tokenline-tiny"))
+    p.add_argument("--host", default=env_default("TOKENLINE_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=env_default("TOKENLINE_PORT", 50053, int))
+    p.add_argument(
+        "--metrics-port", type=int, default=env_default("TOKENLINE_METRICS_PORT", 0, int)
+    )
+    p.add_argument("--max-decode-states", type=int, default=65536,
+                   help="live DecodeStatus entries; a request past this is refused")
+    p.add_argument(
+        "--drain-timeout", type=float, default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, float)
+    )
+    p.add_argument("--log-level", default=env_default("TOKENLINE_LOG_LEVEL", "INFO"))
+    return DetokenizerConfig(**vars(p.parse_args(argv)))
+
+
+async def serve(config: DetokenizerConfig) -> None:
+    manager = DetokenizerManager(load_tokenizer(config.model), config.max_decode_states)
+    process = GrpcProcess(
+        host=config.host, port=config.port, service_names=[SERVICE_NAME],
+        metrics_port=config.metrics_port,
+    )
+    detokenizer_pb2_grpc.add_DetokenizerServiceServicer_to_server(
+        DetokenizerServicer(manager), process.server
+    )
+    await process.start()
+    await process.set_ready(True)
+    await process.serve_until_signal(config.drain_timeout)
+
+
+def main() -> None:
+    config = parse_args()
+    setup_logging(config.log_level)
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

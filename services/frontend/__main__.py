@@ -1,0 +1,129 @@
+"""`python -m services.frontend --model DIR --scheduler-addrs A,B --detokenizer-addr D`"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenline.v1 import frontend_pb2, frontend_pb2_grpc
+
+from services.common.envs import env_default
+from services.common.grpc_server import GrpcProcess, setup_logging
+from services.common.tokenizer import load_tokenizer
+from services.frontend.params import ModelLimits
+from services.frontend.server import FrontendServicer
+from services.frontend.serving_chat import ChatServing
+from services.frontend.serving_completion import CompletionServing
+from services.frontend.serving_generate import GenerateServing
+from services.frontend.tokenizer_manager import TokenizerManager
+
+logger = logging.getLogger(__name__)
+SERVICE_NAME = frontend_pb2.DESCRIPTOR.services_by_name["FrontendService"].full_name
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendConfig:
+    model: str
+    served_model_name: str
+    host: str
+    port: int
+    metrics_port: int
+    scheduler_addrs: tuple[str, ...]
+    detokenizer_addr: str
+    context_length: int
+    default_max_tokens: int
+    max_concurrent_rpcs: int
+    drain_timeout: float
+    log_level: str
+
+
+def _addr_list(value: str) -> tuple[str, ...]:
+    addrs = tuple(a.strip() for a in value.split(",") if a.strip())
+    if not addrs:
+        raise ValueError("at least one address is required")
+    return addrs
+
+
+def parse_args(argv: list[str] | None = None) -> FrontendConfig:
+    p = argparse.ArgumentParser(prog="tokenline-frontend", description=__doc__)
+    p.add_argument("--model", default=env_default("TOKENLINE_MODEL", "models/tokenline-tiny"))
+    p.add_argument("--served-model-name", default="",
+                   help="name reported by /v1/models (default: the model folder's name)")
+    p.add_argument("--host", default=env_default("TOKENLINE_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=env_default("TOKENLINE_PORT", 50051, int))
+    p.add_argument(
+        "--metrics-port", type=int, default=env_default("TOKENLINE_METRICS_PORT", 0, int)
+    )
+    p.add_argument(
+        "--scheduler-addrs", type=_addr_list,
+        default=env_default("TOKENLINE_SCHEDULER_ADDRS", ("127.0.0.1:50052",), _addr_list),
+    )
+    p.add_argument(
+        "--detokenizer-addr", default=env_default("TOKENLINE_DETOKENIZER_ADDR", "127.0.0.1:50053")
+    )
+    p.add_argument("--context-length", type=int, default=0,
+                   help="override the model's max_position_embeddings")
+    p.add_argument("--default-max-tokens", type=int, default=1024,
+                   help="max_tokens when a request sets none (capped by the context)")
+    p.add_argument("--max-concurrent-rpcs", type=int, default=4096,
+                   help="RPCs past this get RESOURCE_EXHAUSTED")
+    p.add_argument(
+        "--drain-timeout", type=float, default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, float)
+    )
+    p.add_argument("--log-level", default=env_default("TOKENLINE_LOG_LEVEL", "INFO"))
+    args = p.parse_args(argv)
+    if isinstance(args.scheduler_addrs, str):
+        args.scheduler_addrs = _addr_list(args.scheduler_addrs)
+    return FrontendConfig(**vars(args))
+
+
+def model_limits(model_dir: str, tokenizer, config: FrontendConfig) -> ModelLimits:
+    hf_config = json.loads((Path(model_dir) / "config.json").read_text())
+    context = config.context_length or int(hf_config.get("max_position_embeddings", 4096))
+    vocab = max(int(hf_config.get("vocab_size", 0)), len(tokenizer))
+    return ModelLimits(vocab_size=vocab, context_length=context,
+                       default_max_tokens=config.default_max_tokens)
+
+
+async def serve(config: FrontendConfig) -> None:
+    tokenizer = load_tokenizer(config.model)
+    limits = model_limits(config.model, tokenizer, config)
+    name = config.served_model_name or Path(config.model).resolve().name
+    frontend_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    manager = TokenizerManager(frontend_id, list(config.scheduler_addrs), config.detokenizer_addr)
+    args = (tokenizer, manager, limits, name)
+    servicer = FrontendServicer(ChatServing(*args), CompletionServing(*args), GenerateServing(*args))
+    process = GrpcProcess(
+        host=config.host, port=config.port, service_names=[SERVICE_NAME],
+        metrics_port=config.metrics_port, max_concurrent_rpcs=config.max_concurrent_rpcs,
+    )
+    frontend_pb2_grpc.add_FrontendServiceServicer_to_server(servicer, process.server)
+    await process.start()
+    manager.start()
+
+    async def mark_ready_when_subscribed() -> None:
+        await manager.subscribed.wait()
+        await process.set_ready(True)
+        logger.info("frontend %s ready", frontend_id)
+
+    ready_task = asyncio.create_task(mark_ready_when_subscribed())
+    await process.serve_until_signal(config.drain_timeout)
+    ready_task.cancel()
+    await manager.close()
+
+
+def main() -> None:
+    config = parse_args()
+    setup_logging(config.log_level)
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Pieces shared by every protocol's response assembly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenline.v1 import common_pb2, detokenizer_pb2, openai_pb2
+from transformers import PreTrainedTokenizerBase
+
+_FINISH_NAMES = {
+    common_pb2.FinishReason.KIND_STOP: "stop",
+    common_pb2.FinishReason.KIND_LENGTH: "length",
+    common_pb2.FinishReason.KIND_ABORT: "abort",
+}
+
+
+def finish_name(fr: common_pb2.FinishReason) -> str:
+    return _FINISH_NAMES.get(fr.kind, "stop")
+
+
+def set_matched_stop(choice: object, fr: common_pb2.FinishReason) -> None:
+    """Copy what matched (vLLM's stop_reason) onto a choice proto."""
+    which = fr.WhichOneof("matched")
+    if which is not None:
+        setattr(choice, which, getattr(fr, which))
+
+
+@dataclass(slots=True)
+class ChoiceAccumulator:
+    """Everything one choice produced, gathered for a non-streamed response."""
+
+    chunks: list[str] = field(default_factory=list)
+    logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
+    finish: common_pb2.FinishReason | None = None
+    usage: common_pb2.Usage | None = None
+    times: common_pb2.StageTimes | None = None
+
+    def add(self, row: detokenizer_pb2.StrRow) -> None:
+        if row.text:
+            self.chunks.append(row.text)
+        self.logprobs.extend(row.logprobs)
+        if row.HasField("finish_reason"):
+            self.finish = row.finish_reason
+            self.usage = row.usage
+            self.times = row.times
+
+    @property
+    def text(self) -> str:
+        return "".join(self.chunks)
+
+
+def usage_of(accs: list[ChoiceAccumulator] | list[common_pb2.Usage]) -> openai_pb2.CompletionUsage:
+    """Usage over all choices: the prompt counted once, completions summed."""
+    usages = [a.usage if isinstance(a, ChoiceAccumulator) else a for a in accs]
+    usages = [u for u in usages if u is not None]
+    prompt = usages[0].prompt_tokens if usages else 0
+    cached = usages[0].cached_tokens if usages else 0
+    completion = sum(u.completion_tokens for u in usages)
+    return openai_pb2.CompletionUsage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=openai_pb2.PromptTokensDetails(cached_tokens=cached),
+    )
+
+
+class LogprobFormatter:
+    """Token ids -> OpenAI logprob entries (token text and its UTF-8 bytes)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def chat_entries(self, items: list[common_pb2.TokenLogprob]) -> openai_pb2.ChoiceLogprobs:
+        entries = []
+        for item in items:
+            text = self.token_text(item.token_id)
+            entries.append(
+                openai_pb2.LogprobEntry(
+                    token=text,
+                    logprob=item.logprob,
+                    bytes=list(text.encode("utf-8")),
+                    top_logprobs=[
+                        openai_pb2.TopLogprobEntry(
+                            token=(t := self.token_text(top.token_id)),
+                            logprob=top.logprob,
+                            bytes=list(t.encode("utf-8")),
+                        )
+                        for top in item.top
+                    ],
+                )
+            )
+        return openai_pb2.ChoiceLogprobs(content=entries)
+
+    def completion_entries(
+        self, items: list[common_pb2.TokenLogprob], text_start: int = 0
+    ) -> openai_pb2.CompletionLogprobs:
+        out = openai_pb2.CompletionLogprobs()
+        offset = text_start
+        for item in items:
+            text = self.token_text(item.token_id)
+            out.tokens.append(text)
+            out.token_logprobs.append(item.logprob)
+            out.text_offset.append(offset)
+            offset += len(text)
+            top = out.top_logprobs.add()
+            for t in item.top:
+                top.fields[self.token_text(t.token_id)].number_value = t.logprob
+        return out

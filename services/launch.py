@@ -1,0 +1,170 @@
+"""Run the whole stack as local processes on loopback (`make run`).
+
+Also the harness the integration tests use: ``LocalStack`` starts the four
+services as subprocesses on given ports, waits for each to be ready, and
+stops exactly the processes it started (by PID).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.common.grpc_server import READINESS_SERVICE
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True, slots=True)
+class StackPorts:
+    frontend: int = 50051
+    scheduler: int = 50052
+    detokenizer: int = 50053
+    gateway: int = 8000
+
+    @classmethod
+    def free(cls) -> StackPorts:
+        return cls(free_port(), free_port(), free_port(), free_port())
+
+
+@dataclass
+class LocalStack:
+    model: str
+    ports: StackPorts = field(default_factory=StackPorts)
+    host: str = "127.0.0.1"
+    scheduler_args: list[str] = field(default_factory=list)
+    frontend_args: list[str] = field(default_factory=list)
+    gateway_args: list[str] = field(default_factory=list)
+    log_dir: Path | None = None
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.ports.gateway}/v1"
+
+    def addr(self, name: str) -> str:
+        return f"{self.host}:{getattr(self.ports, name)}"
+
+    def commands(self) -> dict[str, list[str]]:
+        py = sys.executable
+        common = ["--model", self.model, "--host", self.host]
+        return {
+            "detokenizer": [py, "-m", "services.detokenizer", *common,
+                            "--port", str(self.ports.detokenizer)],
+            "scheduler": [py, "-m", "services.scheduler", *common,
+                          "--port", str(self.ports.scheduler),
+                          "--detokenizer-addr", self.addr("detokenizer"), *self.scheduler_args],
+            "frontend": [py, "-m", "services.frontend", *common,
+                         "--port", str(self.ports.frontend),
+                         "--scheduler-addrs", self.addr("scheduler"),
+                         "--detokenizer-addr", self.addr("detokenizer"), *self.frontend_args],
+            "gateway": [py, "-m", "gateway", "--host", self.host,
+                        "--port", str(self.ports.gateway),
+                        "--frontend-addr", self.addr("frontend"), *self.gateway_args],
+        }
+
+    def start(self, timeout: float = 120.0) -> None:
+        try:
+            for name, cmd in self.commands().items():
+                self.procs[name] = subprocess.Popen(cmd, **self._output(name))
+            deadline = time.monotonic() + timeout
+            for name in ("detokenizer", "scheduler", "frontend"):
+                self._wait_grpc_ready(name, deadline)
+            self._wait_http_ready(deadline)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _output(self, name: str) -> dict:
+        if self.log_dir is None:
+            return {}
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        return {"stdout": open(self.log_dir / f"{name}.log", "wb"), "stderr": subprocess.STDOUT}
+
+    def _check_alive(self, name: str) -> None:
+        proc = self.procs[name]
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with code {proc.returncode} during start-up")
+
+    def _wait_grpc_ready(self, name: str, deadline: float) -> None:
+        with grpc.insecure_channel(self.addr(name)) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                self._check_alive(name)
+                try:
+                    reply = stub.Check(health_pb2.HealthCheckRequest(service=READINESS_SERVICE),
+                                       timeout=1)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.2)
+        raise TimeoutError(f"{name} not ready in time")
+
+    def _wait_http_ready(self, deadline: float) -> None:
+        url = f"http://{self.host}:{self.ports.gateway}/health"
+        while time.monotonic() < deadline:
+            self._check_alive("gateway")
+            try:
+                with urllib.request.urlopen(url, timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("gateway not ready in time")
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM each process we started (gateway first), then SIGKILL stragglers."""
+        for name in ("gateway", "frontend", "scheduler", "detokenizer"):
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="run tokenline's four services on loopback")
+    p.add_argument("--model", default=os.environ.get("TOKENLINE_MODEL", "models/tokenline-tiny"))
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--gateway-port", type=int, default=8000)
+    args = p.parse_args()
+    stack = LocalStack(args.model, StackPorts(gateway=args.gateway_port), host=args.host)
+    print("starting detokenizer, scheduler, frontend and gateway ...", flush=True)
+    stack.start()
+    print(f"tokenline is serving {args.model} at {stack.base_url}  (Ctrl-C stops all four)",
+          flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        while all(p.poll() is None for p in stack.procs.values()):
+            time.sleep(0.5)
+        print("a service exited; stopping the rest", file=sys.stderr)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()
+
+
+if __name__ == "__main__":
+    main()

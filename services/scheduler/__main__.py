@@ -1,0 +1,150 @@
+"""`python -m services.scheduler --model DIR --port N --detokenizer-addr D`"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+from services.common.envs import env_default
+from services.common.grpc_server import GrpcProcess, setup_logging
+from services.common.tokenizer import load_tokenizer
+from services.scheduler.engine import Scheduler, SchedulerConfig
+from services.scheduler.engine_thread import EngineThread
+from services.scheduler.kv_pool import KVPool
+from services.scheduler.model.loader import load_model
+from services.scheduler.server import DetokenizerPusher, SchedulerServicer
+from services.scheduler.stop_checker import StopChecker
+
+logger = logging.getLogger(__name__)
+SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
+
+_DTYPES = {
+    "auto": None,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerProcessConfig:
+    model: str
+    host: str
+    port: int
+    metrics_port: int
+    detokenizer_addr: str
+    dtype: str
+    device: str
+    attention_backend: str
+    kv_cache_tokens: int
+    kv_cache_memory_mb: int
+    max_running_requests: int
+    max_waiting_requests: int
+    max_num_batched_tokens: int
+    context_length: int
+    num_threads: int
+    drain_timeout: float
+    log_level: str
+
+
+def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
+    p = argparse.ArgumentParser(prog="tokenline-scheduler", description=__doc__)
+    p.add_argument("--model", default=env_default("TOKENLINE_MODEL", "models/tokenline-tiny"))
+    p.add_argument("--host", default=env_default("TOKENLINE_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=env_default("TOKENLINE_PORT", 50052, int))
+    p.add_argument(
+        "--metrics-port", type=int, default=env_default("TOKENLINE_METRICS_PORT", 0, int)
+    )
+    p.add_argument(
+        "--detokenizer-addr", default=env_default("TOKENLINE_DETOKENIZER_ADDR", "127.0.0.1:50053")
+    )
+    p.add_argument("--dtype", choices=sorted(_DTYPES),
+                   default=env_default("TOKENLINE_DTYPE", "auto"))
+    p.add_argument("--device", default=env_default("TOKENLINE_DEVICE", "cpu"))
+    p.add_argument("--attention-backend", choices=["torch", "flash_attn"], default="torch")
+    p.add_argument("--kv-cache-tokens", type=int, default=0,
+                   help="KV pool size in tokens (overrides --kv-cache-memory-mb)")
+    p.add_argument("--kv-cache-memory-mb", type=int, default=512,
+                   help="KV pool size as a memory budget")
+    p.add_argument("--max-running-requests", type=int, default=64)
+    p.add_argument("--max-waiting-requests", type=int, default=4096)
+    p.add_argument("--max-num-batched-tokens", type=int, default=1024,
+                   help="tokens per step: prefill chunks plus one per decoding request")
+    p.add_argument("--context-length", type=int, default=0,
+                   help="override the model's context length (0: from config.json)")
+    p.add_argument("--num-threads", type=int, default=0, help="torch intra-op threads (0: auto)")
+    p.add_argument(
+        "--drain-timeout", type=float, default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, float)
+    )
+    p.add_argument("--log-level", default=env_default("TOKENLINE_LOG_LEVEL", "INFO"))
+    return SchedulerProcessConfig(**vars(p.parse_args(argv)))
+
+
+def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, int]:
+    """Load the model and size the KV pool; returns the scheduler and context length."""
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    device = torch.device(config.device)
+    model, model_config = load_model(
+        config.model, _DTYPES[config.dtype], device, config.attention_backend
+    )
+    dtype = next(model.parameters()).dtype
+    per_token = KVPool.bytes_per_token(
+        model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, dtype
+    )
+    num_tokens = config.kv_cache_tokens or config.kv_cache_memory_mb * 2**20 // per_token
+    kv_pool = KVPool(num_tokens, model_config.num_layers, model_config.num_kv_heads,
+                     model_config.head_dim, dtype, device)
+    context = config.context_length or model_config.max_context_len
+    stop_checker = StopChecker(load_tokenizer(config.model), set(model_config.eos_token_ids),
+                               context)
+    scheduler = Scheduler(
+        model, kv_pool, stop_checker,
+        SchedulerConfig(
+            max_running_requests=config.max_running_requests,
+            max_waiting_requests=config.max_waiting_requests,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            context_length=context,
+        ),
+        device,
+    )
+    logger.info("model %s in %s on %s; KV pool %d tokens (%.1f MiB)", config.model, dtype,
+                device, num_tokens, num_tokens * per_token / 2**20)
+    return scheduler, context
+
+
+async def serve(config: SchedulerProcessConfig) -> None:
+    process = GrpcProcess(
+        host=config.host, port=config.port, service_names=[SERVICE_NAME],
+        metrics_port=config.metrics_port,
+    )
+    servicer = SchedulerServicer(Path(config.model).resolve().name)
+    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, process.server)
+    # Liveness answers while the model loads; readiness waits for it.
+    await process.start()
+    scheduler, context = await asyncio.to_thread(build_engine, config)
+    engine = EngineThread(scheduler)
+    engine.start()
+    servicer.attach(engine, context)
+    pusher = DetokenizerPusher(engine, config.detokenizer_addr)
+    pusher.start()
+    await process.set_ready(True)
+    await process.serve_until_signal(config.drain_timeout)
+    await pusher.stop()
+    engine.stop()
+
+
+def main() -> None:
+    config = parse_args()
+    setup_logging(config.log_level)
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""What one engine step asks of the model: a flat batch of new tokens.
+
+Prefill chunks and decode tokens share one layout (SGLang's "extend" view):
+request ``i`` contributes ``extend_lens[i]`` new tokens whose positions end at
+``seq_lens[i] - 1``; its full KV (cached prefix + new tokens) lives in the pool
+at ``kv_slots[i]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] int64, new tokens of every request, concatenated
+    positions: torch.Tensor  # [T] int64, absolute position of each new token
+    out_cache_loc: torch.Tensor  # [T] int64, pool slot each new token's K/V goes to
+    seq_lens: list[int]  # per request: tokens in KV after this step (prefix + new)
+    extend_lens: list[int]  # per request: new tokens in this step
+    kv_slots: list[torch.Tensor]  # per request: [seq_len] int64 pool slots, in order
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def is_decode_only(self) -> bool:
+        return all(n == 1 for n in self.extend_lens)
+
+    @classmethod
+    def build(
+        cls,
+        new_token_ids: list[list[int]],
+        prefix_lens: list[int],
+        kv_slots: list[list[int]],
+        device: torch.device | str = "cpu",
+    ) -> ForwardBatch:
+        """Assemble a batch from per-request new tokens and their full slot lists."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        out_loc: list[int] = []
+        seq_lens, extend_lens = [], []
+        for ids, prefix_len, slots in zip(new_token_ids, prefix_lens, kv_slots, strict=True):
+            seq_len = prefix_len + len(ids)
+            if len(slots) != seq_len:
+                raise ValueError(f"kv_slots has {len(slots)} entries, expected {seq_len}")
+            input_ids.extend(ids)
+            positions.extend(range(prefix_len, seq_len))
+            out_loc.extend(slots[prefix_len:])
+            seq_lens.append(seq_len)
+            extend_lens.append(len(ids))
+
+        def as_tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        return cls(
+            input_ids=as_tensor(input_ids),
+            positions=as_tensor(positions),
+            out_cache_loc=as_tensor(out_loc),
+            seq_lens=seq_lens,
+            extend_lens=extend_lens,
+            kv_slots=[as_tensor(s) for s in kv_slots],
+        )

@@ -1,0 +1,89 @@
+"""Protobuf <-> scheduler domain types. The only scheduler module besides the
+server that imports *_pb2, so the engine stays transport-free."""
+
+from __future__ import annotations
+
+from tokenline.v1 import common_pb2, scheduler_pb2
+
+from services.common.sampling_params import SamplingParams
+from services.scheduler.engine import OutputRow
+from services.scheduler.req import DecodeFlags, FinishInfo, Req
+
+# Prompt tokens sent with the first row so the detokenizer can seed its window
+# (a leading-space or byte-fallback token decodes differently without context).
+PROMPT_TAIL_TOKENS = 5
+
+_FINISH_KINDS = {
+    "stop": common_pb2.FinishReason.KIND_STOP,
+    "length": common_pb2.FinishReason.KIND_LENGTH,
+    "abort": common_pb2.FinishReason.KIND_ABORT,
+}
+
+_TIME_FIELDS = ("received", "templated", "tokenized", "dispatched", "scheduled", "first_token",
+                "finished")
+
+
+def req_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> Req:
+    params = SamplingParams.from_pb(pb.sampling_params)
+    return Req(
+        rid=pb.rid,
+        input_ids=list(pb.input_ids),
+        params=params,
+        flags=DecodeFlags(
+            reply_to=pb.reply_to,
+            skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+            no_stop_trim=params.no_stop_trim,
+            stop=list(params.stop),
+        ),
+        times={f: getattr(pb.times, f) for f in _TIME_FIELDS if getattr(pb.times, f)},
+        priority=pb.priority if pb.HasField("priority") else 0,
+        return_logprob=pb.logprob.return_logprob,
+        top_logprobs_num=pb.logprob.top_logprobs_num,
+    )
+
+
+def finish_to_pb(finish: FinishInfo) -> common_pb2.FinishReason:
+    pb = common_pb2.FinishReason(kind=_FINISH_KINDS[finish.kind], message=finish.message)
+    if isinstance(finish.matched, str):
+        pb.matched_str = finish.matched
+    elif isinstance(finish.matched, int):
+        pb.matched_token_id = finish.matched
+    return pb
+
+
+def row_to_pb(row: OutputRow) -> scheduler_pb2.TokenIDRow:
+    req = row.req
+    pb = scheduler_pb2.TokenIDRow(
+        rid=req.rid,
+        new_token_ids=row.new_token_ids,
+        prompt_tokens=len(req.input_ids),
+        completion_tokens=len(req.output_ids),
+        cached_tokens=req.num_cached_tokens,
+        logprobs=[
+            common_pb2.TokenLogprob(
+                token_id=tok,
+                logprob=lp,
+                top=[common_pb2.TopLogprob(token_id=t, logprob=v) for t, v in top],
+            )
+            for tok, lp, top in row.logprobs
+        ],
+    )
+    if row.finish is not None:
+        pb.finish_reason.CopyFrom(finish_to_pb(row.finish))
+        pb.times.CopyFrom(common_pb2.StageTimes(**req.times))
+    if not req.sent_init:
+        req.sent_init = True
+        flags = req.flags
+        pb.has_init = True
+        pb.reply_to = flags.reply_to
+        pb.skip_special_tokens = flags.skip_special_tokens
+        pb.spaces_between_special_tokens = flags.spaces_between_special_tokens
+        pb.no_stop_trim = flags.no_stop_trim
+        pb.stop.extend(flags.stop)
+        pb.prompt_tail_ids.extend(req.input_ids[-PROMPT_TAIL_TOKENS:])
+    return pb
+
+
+def rows_to_batch_pb(step: int, rows: list[OutputRow]) -> scheduler_pb2.BatchTokenIDOutput:
+    return scheduler_pb2.BatchTokenIDOutput(step=step, rows=[row_to_pb(r) for r in rows])

@@ -1,0 +1,165 @@
+"""In-process checks of the pure pieces: JSON → proto, proto → JSON, errors, config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from google.protobuf import json_format
+from tokenline.v1 import openai_pb2
+
+from gateway.config import GatewayConfig, config_from_args
+from gateway.convert import chat_request_to_proto, completion_request_to_proto
+from gateway.errors import GatewayError, error_body, param_from_loc
+from gateway.render import chat_chunk_to_dict, chat_completion_to_dict, completion_to_dict
+from gateway.schemas import ChatCompletionBody, CompletionBody
+from gateway.sse import sse_frame
+
+
+def _chat(**fields: object) -> openai_pb2.ChatCompletionRequest:
+    body = {"messages": [{"role": "user", "content": "hi"}]} | fields
+    return chat_request_to_proto(ChatCompletionBody.model_validate(body), "rid-1")
+
+
+def test_chat_tools_tool_choice_and_history() -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    history = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    req = _chat(
+        messages=history,
+        tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "f"}},
+        stream_options={"include_usage": True},
+    )
+    assert req.request_id == "rid-1"
+    assert json_format.MessageToDict(req.tools[0].function.parameters) == {"type": "object"}
+    assert json_format.MessageToDict(req.tool_choice)["function"] == {"name": "f"}
+    assert req.messages[1].WhichOneof("content_kind") is None
+    assert req.messages[1].tool_calls[0].function.arguments == "{}"
+    assert req.messages[2].tool_call_id == "c1" and req.messages[2].content == "42"
+    assert req.stream_options.include_usage
+
+
+def test_unset_sampling_fields_stay_unset() -> None:
+    req = _chat()
+    for name in ("temperature", "top_p", "max_tokens", "seed", "n"):
+        assert not req.sampling.HasField(name), name
+    assert not req.HasField("max_completion_tokens") and not req.HasField("stream_options")
+    assert _chat(temperature=0).sampling.HasField("temperature")  # an explicit 0 is kept
+
+
+def test_empty_content_parts_still_mean_parts() -> None:
+    req = _chat(messages=[{"role": "user", "content": []}])
+    assert req.messages[0].WhichOneof("content_kind") == "parts"
+
+
+def test_logit_bias_keys_become_ints() -> None:
+    assert dict(_chat(logit_bias={"50256": -100}).sampling.logit_bias) == {50256: -100.0}
+    with pytest.raises(GatewayError) as info:
+        _chat(logit_bias={"x": 1})
+    assert info.value.status == 400 and info.value.param == "logit_bias"
+
+
+def test_completion_prompt_forms() -> None:
+    def convert(prompt: object) -> openai_pb2.CompletionRequest:
+        return completion_request_to_proto(CompletionBody.model_validate({"prompt": prompt}), "r")
+
+    assert list(convert("a").prompts) == ["a"]
+    assert list(convert(["a", "b"]).prompts) == ["a", "b"]
+    assert [list(t.ids) for t in convert([5, 6]).prompt_token_ids] == [[5, 6]]
+    assert [list(t.ids) for t in convert([[5], [6]]).prompt_token_ids] == [[5], [6]]
+    assert not convert(["a"]).HasField("logprobs")
+
+
+def test_chunk_nulls_follow_openai() -> None:
+    chunk = openai_pb2.ChatCompletionChunk(
+        id="c", choices=[openai_pb2.ChatChunkChoice(delta=openai_pb2.ChatDelta(content="x"))]
+    )
+    plain = chat_chunk_to_dict(chunk, include_usage=False, logprobs=False)
+    assert "usage" not in plain
+    choice = plain["choices"][0]
+    assert choice["delta"] == {"content": "x"}
+    assert choice["finish_reason"] is None and choice["logprobs"] is None
+    assert chat_chunk_to_dict(chunk, include_usage=True, logprobs=False)["usage"] is None
+    assert plain["object"] == "chat.completion.chunk" and plain["created"] > 0
+
+
+def test_tool_call_delta_and_message_shapes() -> None:
+    call = openai_pb2.ToolCall(index=1, function=openai_pb2.ToolCallFunction(arguments='{"a"'))
+    chunk = openai_pb2.ChatCompletionChunk(
+        choices=[openai_pb2.ChatChunkChoice(delta=openai_pb2.ChatDelta(tool_calls=[call]))]
+    )
+    delta = chat_chunk_to_dict(chunk, include_usage=False, logprobs=False)["choices"][0]["delta"]
+    assert delta == {"tool_calls": [{"index": 1, "function": {"arguments": '{"a"'}}]}
+    full = openai_pb2.ToolCall(
+        id="c1", function=openai_pb2.ToolCallFunction(name="f", arguments="{}")
+    )
+    message = openai_pb2.ChatResponseMessage(role="assistant", tool_calls=[full])
+    completion = openai_pb2.ChatCompletion(
+        choices=[openai_pb2.ChatChoice(message=message, finish_reason="tool_calls")]
+    )
+    rendered = chat_completion_to_dict(completion, logprobs=False)["choices"][0]["message"]
+    assert rendered["content"] is None
+    assert rendered["tool_calls"] == [
+        {"id": "c1", "type": "function", "function": {"arguments": "{}", "name": "f"}}
+    ]
+
+
+def test_non_finite_logprobs_stay_valid_json() -> None:
+    entry = openai_pb2.LogprobEntry(token="a", logprob=float("-inf"))
+    choice = openai_pb2.ChatChunkChoice(logprobs=openai_pb2.ChoiceLogprobs(content=[entry]))
+    chunk = openai_pb2.ChatCompletionChunk(choices=[choice])
+    frame = sse_frame(chat_chunk_to_dict(chunk, include_usage=False, logprobs=True))
+    payload = json.loads(frame.removeprefix(b"data: "))
+    assert payload["choices"][0]["logprobs"]["content"][0]["logprob"] == -9999.0
+
+
+def test_completion_matched_stop_is_stop_reason() -> None:
+    choice = openai_pb2.CompletionChoice(text="a", finish_reason="stop", matched_str="\n")
+    out = completion_to_dict(
+        openai_pb2.Completion(choices=[choice]), include_usage=False, logprobs=False
+    )
+    assert out["choices"][0]["stop_reason"] == "\n" and out["choices"][0]["logprobs"] is None
+
+
+@pytest.mark.parametrize(
+    ("loc", "expected"),
+    [
+        (("body", "messages", 0, "content", "str"), ("messages[0].content", True)),
+        (("body", "messages", 0, "role"), ("messages[0].role", False)),
+        (("body", "prompt", "list[int]", 0), ("prompt", True)),
+        (("body",), (None, False)),
+    ],
+)
+def test_param_from_loc(loc: tuple[str | int, ...], expected: tuple[str | None, bool]) -> None:
+    assert param_from_loc(loc) == expected
+
+
+def test_error_body_shape() -> None:
+    assert error_body(429, "slow down") == {
+        "error": {"message": "slow down", "type": "rate_limit_error", "param": None, "code": None}
+    }
+    assert error_body(502, "x")["error"]["type"] == "server_error"
+
+
+def test_config_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HOST", "PORT", "FRONTEND_ADDR", "REQUEST_TIMEOUT", "DRAIN_TIMEOUT", "LOG_LEVEL"):
+        monkeypatch.delenv(f"TOKENLINE_{name}", raising=False)
+    monkeypatch.setenv("TOKENLINE_MAX_BODY_BYTES", "123")
+    monkeypatch.setenv("TOKENLINE_API_KEY", "k")
+    config = config_from_args(["--port", "9001", "--request-timeout", "0"])
+    assert config == GatewayConfig(
+        port=9001, api_key="k", max_body_bytes=123, request_timeout_s=None
+    )
+    monkeypatch.setenv("TOKENLINE_REQUEST_TIMEOUT", "-1")
+    with pytest.raises(SystemExit):
+        config_from_args([])

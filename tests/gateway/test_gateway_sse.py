@@ -1,0 +1,131 @@
+"""Raw SSE bytes from the gateway: framing, ordering, headers, errors, disconnects."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from fake_frontend import PIECES, FakeFrontendServicer
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+def _frames(raw: bytes) -> list[str]:
+    """Split an SSE body into `data:` payloads, checking the framing on the way."""
+    assert raw.endswith(b"\n\n")
+    events = raw.decode().split("\n\n")[:-1]
+    assert all(e.startswith("data: ") and "\n" not in e for e in events), events
+    return [e.removeprefix("data: ") for e in events]
+
+
+def _post_stream(url: str, body: dict[str, Any]) -> tuple[httpx.Response, list[str]]:
+    resp = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=10)
+    return resp, _frames(resp.content)
+
+
+def test_chat_stream_frames_and_headers(gateway_url: str) -> None:
+    body = CHAT | {"n": 2, "stream_options": {"include_usage": True}}
+    resp, frames = _post_stream(gateway_url, body)
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    assert resp.headers["cache-control"] == "no-cache"
+    assert resp.headers["x-accel-buffering"] == "no"
+    assert frames[-1] == "[DONE]" and frames.count("[DONE]") == 1
+    chunks = [json.loads(f) for f in frames[:-1]]
+    first = chunks[0]["choices"][0]
+    assert first["delta"] == {"role": "assistant", "content": ""}
+    assert first["finish_reason"] is None and first["logprobs"] is None
+    finishes = [(c["index"], c["finish_reason"]) for ch in chunks for c in ch["choices"]]
+    assert sorted(f for f in finishes if f[1] is not None) == [(0, "stop"), (1, "stop")]
+    assert all(ch["usage"] is None for ch in chunks[:-1])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == 7
+    assert all(ch["object"] == "chat.completion.chunk" for ch in chunks)
+
+
+def test_chat_stream_without_usage_has_no_usage_key(gateway_url: str) -> None:
+    _, frames = _post_stream(gateway_url, CHAT)
+    chunks = [json.loads(f) for f in frames[:-1]]
+    assert all("usage" not in ch and ch["choices"] for ch in chunks)
+    assert "".join(ch["choices"][0]["delta"].get("content", "") for ch in chunks) == "".join(PIECES)
+
+
+def test_completion_stream_frames(gateway_url: str) -> None:
+    body = {"model": "m", "prompt": "p", "stream": True}
+    resp = httpx.post(f"{gateway_url}/v1/completions", json=body, timeout=10)
+    frames = _frames(resp.content)
+    assert frames[-1] == "[DONE]"
+    chunks = [json.loads(f) for f in frames[:-1]]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, "length"]
+    assert all(c["object"] == "text_completion" for c in chunks)
+
+
+def test_error_before_first_frame_is_http_status(
+    gateway_url: str, fake: FakeFrontendServicer
+) -> None:
+    fake.script.fail_code = grpc.StatusCode.INVALID_ARGUMENT
+    fake.script.fail_message = "temperature: must be in [0, 2]"
+    resp = httpx.post(f"{gateway_url}/v1/chat/completions", json=CHAT, timeout=10)
+    assert resp.status_code == 400
+    assert resp.json()["error"]["param"] == "temperature"
+
+
+def test_mid_stream_error_is_one_error_frame_then_end(
+    gateway_url: str, fake: FakeFrontendServicer
+) -> None:
+    fake.script.fail_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    fake.script.fail_message = "kv cache full"
+    fake.script.fail_after = 1
+    resp, frames = _post_stream(gateway_url, CHAT)
+    assert resp.status_code == 200
+    assert len(frames) == 2 and "[DONE]" not in frames
+    assert "choices" in json.loads(frames[0])
+    error = json.loads(frames[1])["error"]
+    assert error == {
+        "message": "kv cache full",
+        "type": "rate_limit_error",
+        "param": None,
+        "code": "resource_exhausted",
+    }
+
+
+def test_generate_stream_frames(gateway_url: str) -> None:
+    body = {"text": "p", "stream": True}
+    resp = httpx.post(f"{gateway_url}/generate", json=body, timeout=10)
+    frames = _frames(resp.content)
+    assert frames[-1] == "[DONE]"
+    assert json.loads(frames[0])["outputs"][0]["text"] == "".join(PIECES)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+async def test_client_disconnect_cancels_grpc_call(
+    gateway_url: str, fake: FakeFrontendServicer, path: str
+) -> None:
+    fake.script.hang_after = 1
+    body = CHAT if "chat" in path else {"model": "m", "prompt": "p", "stream": True}
+    async with (
+        httpx.AsyncClient(timeout=10) as http,
+        http.stream("POST", f"{gateway_url}{path}", json=body) as resp,
+    ):
+        assert resp.status_code == 200
+        async for line in resp.aiter_lines():
+            if line.startswith("data: "):
+                break  # the first frame arrived; the fake now hangs
+        assert not fake.observed.cancelled.is_set()
+    started = time.monotonic()
+    assert fake.observed.cancelled.wait(timeout=2.0), "frontend call was not cancelled"
+    assert time.monotonic() - started < 2.0
+
+
+async def test_client_disconnect_cancels_unary_call(
+    gateway_url: str, fake: FakeFrontendServicer
+) -> None:
+    fake.script.delay_s = 30
+    body = CHAT | {"stream": False}
+    async with httpx.AsyncClient(timeout=0.3) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post(f"{gateway_url}/v1/chat/completions", json=body)
+    assert fake.observed.cancelled.wait(timeout=2.0), "unary frontend call was not cancelled"
