@@ -64,18 +64,50 @@ class LocalStack:
         py = sys.executable
         common = ["--model", self.model, "--host", self.host]
         return {
-            "detokenizer": [py, "-m", "services.detokenizer", *common,
-                            "--port", str(self.ports.detokenizer)],
-            "scheduler": [py, "-m", "services.scheduler", *common,
-                          "--port", str(self.ports.scheduler),
-                          "--detokenizer-addr", self.addr("detokenizer"), *self.scheduler_args],
-            "frontend": [py, "-m", "services.frontend", *common,
-                         "--port", str(self.ports.frontend),
-                         "--scheduler-addrs", self.addr("scheduler"),
-                         "--detokenizer-addr", self.addr("detokenizer"), *self.frontend_args],
-            "gateway": [py, "-m", "gateway", "--host", self.host,
-                        "--port", str(self.ports.gateway),
-                        "--frontend-addr", self.addr("frontend"), *self.gateway_args],
+            "detokenizer": [
+                py,
+                "-m",
+                "services.detokenizer",
+                *common,
+                "--port",
+                str(self.ports.detokenizer),
+            ],
+            "scheduler": [
+                py,
+                "-m",
+                "services.scheduler",
+                *common,
+                "--port",
+                str(self.ports.scheduler),
+                "--detokenizer-addr",
+                self.addr("detokenizer"),
+                *self.scheduler_args,
+            ],
+            "frontend": [
+                py,
+                "-m",
+                "services.frontend",
+                *common,
+                "--port",
+                str(self.ports.frontend),
+                "--scheduler-addrs",
+                self.addr("scheduler"),
+                "--detokenizer-addr",
+                self.addr("detokenizer"),
+                *self.frontend_args,
+            ],
+            "gateway": [
+                py,
+                "-m",
+                "gateway",
+                "--host",
+                self.host,
+                "--port",
+                str(self.ports.gateway),
+                "--frontend-addr",
+                self.addr("frontend"),
+                *self.gateway_args,
+            ],
         }
 
     def start(self, timeout: float = 120.0) -> None:
@@ -107,8 +139,9 @@ class LocalStack:
             while time.monotonic() < deadline:
                 self._check_alive(name)
                 try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(service=READINESS_SERVICE),
-                                       timeout=1)
+                    reply = stub.Check(
+                        health_pb2.HealthCheckRequest(service=READINESS_SERVICE), timeout=1
+                    )
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
                         return
                 except grpc.RpcError:
@@ -153,8 +186,10 @@ def main() -> None:
     stack = LocalStack(args.model, StackPorts(gateway=args.gateway_port), host=args.host)
     print("starting detokenizer, scheduler, frontend and gateway ...", flush=True)
     stack.start()
-    print(f"tokenline is serving {args.model} at {stack.base_url}  (Ctrl-C stops all four)",
-          flush=True)
+    print(
+        f"tokenline is serving {args.model} at {stack.base_url}  (Ctrl-C stops all four)",
+        flush=True,
+    )
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         while all(p.poll() is None for p in stack.procs.values()):

@@ -37,7 +37,9 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar("TOKENLINE_LOG_JSON", "1 for JSON log lines"),
         EnvVar("TOKENLINE_DRAIN_TIMEOUT", "seconds to finish in-flight work on SIGTERM"),
         EnvVar("TOKENLINE_MAX_BODY_BYTES", "gateway request body limit in bytes (0 disables)"),
-        EnvVar("TOKENLINE_REQUEST_TIMEOUT", "gateway per-request gRPC deadline in seconds (0: none)"),
+        EnvVar(
+            "TOKENLINE_REQUEST_TIMEOUT", "gateway per-request gRPC deadline in seconds (0: none)"
+        ),
     )
 }
 

@@ -25,8 +25,12 @@ def include_paths() -> list[str]:
 def main() -> int:
     protos = sorted(str(p) for p in (PROTO_ROOT / "tokenline" / "v1").glob("*.proto"))
     args = ["protoc", *(f"-I{p}" for p in include_paths())]
-    args += [f"--python_out={PROTO_ROOT}", f"--pyi_out={PROTO_ROOT}",
-             f"--grpc_python_out={PROTO_ROOT}", *protos]
+    args += [
+        f"--python_out={PROTO_ROOT}",
+        f"--pyi_out={PROTO_ROOT}",
+        f"--grpc_python_out={PROTO_ROOT}",
+        *protos,
+    ]
     code = protoc.main(args)
     if code != 0:
         print("protoc failed", file=sys.stderr)

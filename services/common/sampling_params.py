@@ -76,8 +76,11 @@ class SamplingParams:
             ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
             ("repetition_penalty", 0.0 < self.repetition_penalty <= 2.0, "must be in (0, 2]"),
             ("max_tokens", self.max_new_tokens >= 1, "must be >= 1"),
-            ("min_tokens", 0 <= self.min_new_tokens <= self.max_new_tokens,
-             "must be in [0, max_tokens]"),
+            (
+                "min_tokens",
+                0 <= self.min_new_tokens <= self.max_new_tokens,
+                "must be in [0, max_tokens]",
+            ),
             ("n", 1 <= self.n <= 64, "must be in [1, 64]"),
             ("stop", len(self.stop) <= 16 and all(self.stop), "at most 16 non-empty strings"),
             ("seed", self.seed is None or 0 <= self.seed < 2**63, "must be in [0, 2^63)"),

@@ -36,8 +36,12 @@ def parse_args(argv: list[str] | None = None) -> DetokenizerConfig:
     p.add_argument(
         "--metrics-port", type=int, default=env_default("TOKENLINE_METRICS_PORT", 0, int)
     )
-    p.add_argument("--max-decode-states", type=int, default=65536,
-                   help="live DecodeStatus entries; a request past this is refused")
+    p.add_argument(
+        "--max-decode-states",
+        type=int,
+        default=65536,
+        help="live DecodeStatus entries; a request past this is refused",
+    )
     p.add_argument(
         "--drain-timeout", type=float, default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, float)
     )
@@ -48,7 +52,9 @@ def parse_args(argv: list[str] | None = None) -> DetokenizerConfig:
 async def serve(config: DetokenizerConfig) -> None:
     manager = DetokenizerManager(load_tokenizer(config.model), config.max_decode_states)
     process = GrpcProcess(
-        host=config.host, port=config.port, service_names=[SERVICE_NAME],
+        host=config.host,
+        port=config.port,
+        service_names=[SERVICE_NAME],
         metrics_port=config.metrics_port,
     )
     detokenizer_pb2_grpc.add_DetokenizerServiceServicer_to_server(

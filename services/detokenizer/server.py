@@ -34,9 +34,7 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServiceServicer):
 
     async def Subscribe(self, request, context):  # noqa: N802
         frontend_id = request.frontend_id
-        queue: asyncio.Queue[detokenizer_pb2.BatchStrOutput] = asyncio.Queue(
-            _SUBSCRIBER_QUEUE_SIZE
-        )
+        queue: asyncio.Queue[detokenizer_pb2.BatchStrOutput] = asyncio.Queue(_SUBSCRIBER_QUEUE_SIZE)
         self.subscribers[frontend_id] = queue
         # Headers now, so the frontend knows it is subscribed before any row exists.
         await context.send_initial_metadata(())

@@ -54,26 +54,39 @@ def _addr_list(value: str) -> tuple[str, ...]:
 def parse_args(argv: list[str] | None = None) -> FrontendConfig:
     p = argparse.ArgumentParser(prog="tokenline-frontend", description=__doc__)
     p.add_argument("--model", default=env_default("TOKENLINE_MODEL", "models/tokenline-tiny"))
-    p.add_argument("--served-model-name", default="",
-                   help="name reported by /v1/models (default: the model folder's name)")
+    p.add_argument(
+        "--served-model-name",
+        default="",
+        help="name reported by /v1/models (default: the model folder's name)",
+    )
     p.add_argument("--host", default=env_default("TOKENLINE_HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=env_default("TOKENLINE_PORT", 50051, int))
     p.add_argument(
         "--metrics-port", type=int, default=env_default("TOKENLINE_METRICS_PORT", 0, int)
     )
     p.add_argument(
-        "--scheduler-addrs", type=_addr_list,
+        "--scheduler-addrs",
+        type=_addr_list,
         default=env_default("TOKENLINE_SCHEDULER_ADDRS", ("127.0.0.1:50052",), _addr_list),
     )
     p.add_argument(
         "--detokenizer-addr", default=env_default("TOKENLINE_DETOKENIZER_ADDR", "127.0.0.1:50053")
     )
-    p.add_argument("--context-length", type=int, default=0,
-                   help="override the model's max_position_embeddings")
-    p.add_argument("--default-max-tokens", type=int, default=1024,
-                   help="max_tokens when a request sets none (capped by the context)")
-    p.add_argument("--max-concurrent-rpcs", type=int, default=4096,
-                   help="RPCs past this get RESOURCE_EXHAUSTED")
+    p.add_argument(
+        "--context-length", type=int, default=0, help="override the model's max_position_embeddings"
+    )
+    p.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=1024,
+        help="max_tokens when a request sets none (capped by the context)",
+    )
+    p.add_argument(
+        "--max-concurrent-rpcs",
+        type=int,
+        default=4096,
+        help="RPCs past this get RESOURCE_EXHAUSTED",
+    )
     p.add_argument(
         "--drain-timeout", type=float, default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, float)
     )
@@ -88,8 +101,9 @@ def model_limits(model_dir: str, tokenizer, config: FrontendConfig) -> ModelLimi
     hf_config = json.loads((Path(model_dir) / "config.json").read_text())
     context = config.context_length or int(hf_config.get("max_position_embeddings", 4096))
     vocab = max(int(hf_config.get("vocab_size", 0)), len(tokenizer))
-    return ModelLimits(vocab_size=vocab, context_length=context,
-                       default_max_tokens=config.default_max_tokens)
+    return ModelLimits(
+        vocab_size=vocab, context_length=context, default_max_tokens=config.default_max_tokens
+    )
 
 
 async def serve(config: FrontendConfig) -> None:
@@ -99,10 +113,15 @@ async def serve(config: FrontendConfig) -> None:
     frontend_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     manager = TokenizerManager(frontend_id, list(config.scheduler_addrs), config.detokenizer_addr)
     args = (tokenizer, manager, limits, name)
-    servicer = FrontendServicer(ChatServing(*args), CompletionServing(*args), GenerateServing(*args))
+    servicer = FrontendServicer(
+        ChatServing(*args), CompletionServing(*args), GenerateServing(*args)
+    )
     process = GrpcProcess(
-        host=config.host, port=config.port, service_names=[SERVICE_NAME],
-        metrics_port=config.metrics_port, max_concurrent_rpcs=config.max_concurrent_rpcs,
+        host=config.host,
+        port=config.port,
+        service_names=[SERVICE_NAME],
+        metrics_port=config.metrics_port,
+        max_concurrent_rpcs=config.max_concurrent_rpcs,
     )
     frontend_pb2_grpc.add_FrontendServiceServicer_to_server(servicer, process.server)
     await process.start()

@@ -51,20 +51,25 @@ def message_to_dict(msg: openai_pb2.ChatMessage, index: int) -> dict[str, Any]:
     return out
 
 
-def render_chat(tokenizer: PreTrainedTokenizerBase, request: openai_pb2.ChatCompletionRequest) -> str:
+def render_chat(
+    tokenizer: PreTrainedTokenizerBase, request: openai_pb2.ChatCompletionRequest
+) -> str:
     """The prompt text, exactly as ``transformers``' apply_chat_template renders it."""
     if not request.messages:
         raise InvalidArgumentError("at least one message is required", field="messages")
     messages = [message_to_dict(m, i) for i, m in enumerate(request.messages)]
     tools = [json_format.MessageToDict(t, preserving_proto_field_name=True) for t in request.tools]
-    kwargs = json_format.MessageToDict(request.chat_template_kwargs) if request.HasField(
-        "chat_template_kwargs"
-    ) else {}
+    kwargs = (
+        json_format.MessageToDict(request.chat_template_kwargs)
+        if request.HasField("chat_template_kwargs")
+        else {}
+    )
     if request.HasField("tool_choice"):
         kwargs.setdefault("tool_choice", json_format.MessageToDict(request.tool_choice))
     continue_final = request.continue_final_message
     add_generation_prompt = (
-        request.add_generation_prompt if request.HasField("add_generation_prompt")
+        request.add_generation_prompt
+        if request.HasField("add_generation_prompt")
         else not continue_final
     )
     if continue_final and add_generation_prompt:
@@ -87,4 +92,3 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, request: openai_pb2.ChatComp
         )
     except (ValueError, TypeError, KeyError, jinja2.TemplateError) as exc:
         raise InvalidArgumentError(f"chat template failed: {exc}", field="messages") from exc
-

@@ -10,9 +10,19 @@ from services.common.errors import InvalidArgumentError
 from services.common.sampling_params import SamplingParams
 
 _SAME_NAME = (
-    "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-    "repetition_penalty", "ignore_eos", "seed", "n", "skip_special_tokens",
-    "spaces_between_special_tokens", "no_stop_trim",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "ignore_eos",
+    "seed",
+    "n",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
 )
 
 
@@ -33,8 +43,10 @@ def params_from_openai(
             setattr(params, name, getattr(sampling, name))
     if sampling.HasField("min_tokens"):
         params.min_new_tokens = sampling.min_tokens
-    limit = max_completion_tokens if max_completion_tokens is not None else (
-        sampling.max_tokens if sampling.HasField("max_tokens") else None
+    limit = (
+        max_completion_tokens
+        if max_completion_tokens is not None
+        else (sampling.max_tokens if sampling.HasField("max_tokens") else None)
     )
     if limit is not None:
         params.max_new_tokens = limit
@@ -51,8 +63,7 @@ def finalize_params(
     room = limits.context_length - num_prompt_tokens
     if room < 1:
         raise InvalidArgumentError(
-            f"prompt has {num_prompt_tokens} tokens; the context length is "
-            f"{limits.context_length}",
+            f"prompt has {num_prompt_tokens} tokens; the context length is {limits.context_length}",
             field="messages",
         )
     if not has_limit:

@@ -62,14 +62,16 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
         vocab = self.chat.limits.vocab_size
         bad = [t for t in request.tokens if not 0 <= t < vocab]
         if bad:
-            raise InvalidArgumentError(f"token ids outside [0, {vocab}): {bad[:5]}",
-                                       field="tokens")
+            raise InvalidArgumentError(f"token ids outside [0, {vocab}): {bad[:5]}", field="tokens")
         return frontend_pb2.DetokenizeResponse(prompt=self.chat.tokenizer.decode(request.tokens))
 
     @grpc_errors
     async def ListModels(self, request, context):  # noqa: N802
         model = openai_pb2.Model(
-            id=self.chat.model_name, object="model", created=self.started, owned_by="tokenline",
+            id=self.chat.model_name,
+            object="model",
+            created=self.started,
+            owned_by="tokenline",
             max_model_len=self.chat.limits.context_length,
         )
         return openai_pb2.ModelList(object="list", data=[model])

@@ -81,7 +81,7 @@ class ServingBase:
     def running_usage(num_prompt: int, num_out: list[int]) -> openai_pb2.CompletionUsage:
         completion = sum(num_out)
         return openai_pb2.CompletionUsage(
-            prompt_tokens=num_prompt, completion_tokens=completion,
+            prompt_tokens=num_prompt,
+            completion_tokens=completion,
             total_tokens=num_prompt + completion,
         )
-

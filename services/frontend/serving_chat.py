@@ -38,12 +38,17 @@ class ChatServing(ServingBase):
         reqs = self.fan_out(rid, input_ids, params, request.logprobs, top, times)
         return rid, reqs
 
-    async def complete(self, request: openai_pb2.ChatCompletionRequest) -> openai_pb2.ChatCompletion:
+    async def complete(
+        self, request: openai_pb2.ChatCompletionRequest
+    ) -> openai_pb2.ChatCompletion:
         rid, reqs = await self.prepare(request)
         accs = await self.collect(reqs)
         response = openai_pb2.ChatCompletion(
-            id=f"chatcmpl-{rid}", object="chat.completion", created=int(time.time()),
-            model=self.model_name, usage=usage_of(accs),
+            id=f"chatcmpl-{rid}",
+            object="chat.completion",
+            created=int(time.time()),
+            model=self.model_name,
+            usage=usage_of(accs),
         )
         for i, acc in enumerate(accs):
             choice = response.choices.add(index=i, finish_reason=finish_name(acc.finish))
@@ -66,7 +71,9 @@ class ChatServing(ServingBase):
 
         def chunk() -> openai_pb2.ChatCompletionChunk:
             return openai_pb2.ChatCompletionChunk(
-                id=f"chatcmpl-{rid}", object="chat.completion.chunk", created=created,
+                id=f"chatcmpl-{rid}",
+                object="chat.completion.chunk",
+                created=created,
                 model=self.model_name,
             )
 

@@ -23,8 +23,9 @@ class CompletionServing(ServingBase):
         if request.suffix:
             raise InvalidArgumentError("suffix is not supported by this server", field="suffix")
         if request.prompts and request.prompt_token_ids:
-            raise InvalidArgumentError("give prompt as text or as token ids, not both",
-                                       field="prompt")
+            raise InvalidArgumentError(
+                "give prompt as text or as token ids, not both", field="prompt"
+            )
         if request.prompts:
             prompts = list(request.prompts)
             id_lists = [await self.encode_prompt(p) for p in prompts]
@@ -54,8 +55,11 @@ class CompletionServing(ServingBase):
         accs = await self.collect(reqs)
         n = len(reqs) // len(prompts)
         response = openai_pb2.Completion(
-            id=f"cmpl-{rid}", object="text_completion", created=int(time.time()),
-            model=self.model_name, usage=self._usage(accs, num_prompt),
+            id=f"cmpl-{rid}",
+            object="text_completion",
+            created=int(time.time()),
+            model=self.model_name,
+            usage=self._usage(accs, num_prompt),
         )
         for i, acc in enumerate(accs):
             head = prompts[i // n] if request.echo else ""
@@ -76,7 +80,9 @@ class CompletionServing(ServingBase):
 
         def chunk() -> openai_pb2.CompletionChunk:
             return openai_pb2.CompletionChunk(
-                id=f"cmpl-{rid}", object="text_completion", created=created,
+                id=f"cmpl-{rid}",
+                object="text_completion",
+                created=created,
                 model=self.model_name,
             )
 
@@ -107,7 +113,8 @@ class CompletionServing(ServingBase):
         completion = sum(a.usage.completion_tokens for a in accs if a.usage is not None)
         cached = sum(a.usage.cached_tokens for a in accs if a.usage is not None)
         return openai_pb2.CompletionUsage(
-            prompt_tokens=num_prompt, completion_tokens=completion,
+            prompt_tokens=num_prompt,
+            completion_tokens=completion,
             total_tokens=num_prompt + completion,
             prompt_tokens_details=openai_pb2.PromptTokensDetails(cached_tokens=cached),
         )

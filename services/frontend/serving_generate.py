@@ -35,11 +35,14 @@ class GenerateServing(ServingBase):
             params = SamplingParams.from_pb(request.sampling_params)
             params = finalize_params(params, has_limit, len(ids), self.limits)
             prefix = f"-{j}" if len(id_lists) > 1 else ""
-            reqs += self.fan_out(rid, ids, params, request.logprob.return_logprob, top, times,
-                                 prefix)
+            reqs += self.fan_out(
+                rid, ids, params, request.logprob.return_logprob, top, times, prefix
+            )
         return reqs
 
-    async def complete(self, request: generate_pb2.GenerateReqInput) -> generate_pb2.GenerateResponse:
+    async def complete(
+        self, request: generate_pb2.GenerateReqInput
+    ) -> generate_pb2.GenerateResponse:
         reqs = await self.prepare(request)
         outputs = [generate_pb2.GenerateOutput(rid=r.rid, index=i) for i, r in enumerate(reqs)]
         async for index, row in self.manager.generate(reqs):

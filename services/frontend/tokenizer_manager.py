@@ -44,9 +44,7 @@ class TokenizedRequest:
 
 
 class TokenizerManager:
-    def __init__(
-        self, frontend_id: str, scheduler_addrs: list[str], detokenizer_addr: str
-    ) -> None:
+    def __init__(self, frontend_id: str, scheduler_addrs: list[str], detokenizer_addr: str) -> None:
         self.frontend_id = frontend_id
         self.table = ReqStateTable()
         self._channels = {addr: grpc.aio.insecure_channel(addr) for addr in scheduler_addrs}
@@ -75,7 +73,9 @@ class TokenizerManager:
         backoff = 0.05
         while True:
             try:
-                call = stub.Subscribe(detokenizer_pb2.SubscribeRequest(frontend_id=self.frontend_id))
+                call = stub.Subscribe(
+                    detokenizer_pb2.SubscribeRequest(frontend_id=self.frontend_id)
+                )
                 await call.wait_for_connection()
                 self.subscribed.set()
                 backoff = 0.05

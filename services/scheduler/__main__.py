@@ -64,20 +64,34 @@ def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
     p.add_argument(
         "--detokenizer-addr", default=env_default("TOKENLINE_DETOKENIZER_ADDR", "127.0.0.1:50053")
     )
-    p.add_argument("--dtype", choices=sorted(_DTYPES),
-                   default=env_default("TOKENLINE_DTYPE", "auto"))
+    p.add_argument(
+        "--dtype", choices=sorted(_DTYPES), default=env_default("TOKENLINE_DTYPE", "auto")
+    )
     p.add_argument("--device", default=env_default("TOKENLINE_DEVICE", "cpu"))
     p.add_argument("--attention-backend", choices=["torch", "flash_attn"], default="torch")
-    p.add_argument("--kv-cache-tokens", type=int, default=0,
-                   help="KV pool size in tokens (overrides --kv-cache-memory-mb)")
-    p.add_argument("--kv-cache-memory-mb", type=int, default=512,
-                   help="KV pool size as a memory budget")
+    p.add_argument(
+        "--kv-cache-tokens",
+        type=int,
+        default=0,
+        help="KV pool size in tokens (overrides --kv-cache-memory-mb)",
+    )
+    p.add_argument(
+        "--kv-cache-memory-mb", type=int, default=512, help="KV pool size as a memory budget"
+    )
     p.add_argument("--max-running-requests", type=int, default=64)
     p.add_argument("--max-waiting-requests", type=int, default=4096)
-    p.add_argument("--max-num-batched-tokens", type=int, default=1024,
-                   help="tokens per step: prefill chunks plus one per decoding request")
-    p.add_argument("--context-length", type=int, default=0,
-                   help="override the model's context length (0: from config.json)")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=1024,
+        help="tokens per step: prefill chunks plus one per decoding request",
+    )
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=0,
+        help="override the model's context length (0: from config.json)",
+    )
     p.add_argument("--num-threads", type=int, default=0, help="torch intra-op threads (0: auto)")
     p.add_argument(
         "--drain-timeout", type=float, default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, float)
@@ -99,13 +113,22 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, int]:
         model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, dtype
     )
     num_tokens = config.kv_cache_tokens or config.kv_cache_memory_mb * 2**20 // per_token
-    kv_pool = KVPool(num_tokens, model_config.num_layers, model_config.num_kv_heads,
-                     model_config.head_dim, dtype, device)
+    kv_pool = KVPool(
+        num_tokens,
+        model_config.num_layers,
+        model_config.num_kv_heads,
+        model_config.head_dim,
+        dtype,
+        device,
+    )
     context = config.context_length or model_config.max_context_len
-    stop_checker = StopChecker(load_tokenizer(config.model), set(model_config.eos_token_ids),
-                               context)
+    stop_checker = StopChecker(
+        load_tokenizer(config.model), set(model_config.eos_token_ids), context
+    )
     scheduler = Scheduler(
-        model, kv_pool, stop_checker,
+        model,
+        kv_pool,
+        stop_checker,
         SchedulerConfig(
             max_running_requests=config.max_running_requests,
             max_waiting_requests=config.max_waiting_requests,
@@ -114,14 +137,22 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, int]:
         ),
         device,
     )
-    logger.info("model %s in %s on %s; KV pool %d tokens (%.1f MiB)", config.model, dtype,
-                device, num_tokens, num_tokens * per_token / 2**20)
+    logger.info(
+        "model %s in %s on %s; KV pool %d tokens (%.1f MiB)",
+        config.model,
+        dtype,
+        device,
+        num_tokens,
+        num_tokens * per_token / 2**20,
+    )
     return scheduler, context
 
 
 async def serve(config: SchedulerProcessConfig) -> None:
     process = GrpcProcess(
-        host=config.host, port=config.port, service_names=[SERVICE_NAME],
+        host=config.host,
+        port=config.port,
+        service_names=[SERVICE_NAME],
         metrics_port=config.metrics_port,
     )
     servicer = SchedulerServicer(Path(config.model).resolve().name)

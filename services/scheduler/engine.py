@@ -185,11 +185,15 @@ class Scheduler:
             return []
         sampling_reqs = [plan.reqs[i] for i in rows_idx]
         tokens, logprobs = self.sampler.sample(
-            logits[rows_idx], [r.params for r in sampling_reqs], [r.generator for r in sampling_reqs]
+            logits[rows_idx],
+            [r.params for r in sampling_reqs],
+            [r.generator for r in sampling_reqs],
         )
         return self._commit(sampling_reqs, tokens.tolist(), logprobs)
 
-    def _commit(self, reqs: list[Req], tokens: list[int], logprobs: torch.Tensor) -> list[OutputRow]:
+    def _commit(
+        self, reqs: list[Req], tokens: list[int], logprobs: torch.Tensor
+    ) -> list[OutputRow]:
         rows = []
         now = time.time()
         for i, (req, token) in enumerate(zip(reqs, tokens, strict=True)):

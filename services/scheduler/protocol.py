@@ -19,8 +19,15 @@ _FINISH_KINDS = {
     "abort": common_pb2.FinishReason.KIND_ABORT,
 }
 
-_TIME_FIELDS = ("received", "templated", "tokenized", "dispatched", "scheduled", "first_token",
-                "finished")
+_TIME_FIELDS = (
+    "received",
+    "templated",
+    "tokenized",
+    "dispatched",
+    "scheduled",
+    "first_token",
+    "finished",
+)
 
 
 def req_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> Req:

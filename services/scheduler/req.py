@@ -58,9 +58,7 @@ class Req:
     generator: torch.Generator | None = None
     # Tokens produced since the last output row (usually one).
     pending_ids: list[int] = field(default_factory=list)
-    pending_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(
-        default_factory=list
-    )
+    pending_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
 
     @property
     def fill_ids(self) -> list[int]:

@@ -51,9 +51,7 @@ class StopChecker:
     def _match_stop_string(self, req: Req) -> str | None:
         longest = max(len(s.encode("utf-8")) for s in req.params.stop)
         tail_ids = req.output_ids[-(longest + _TAIL_SLACK_TOKENS) :]
-        tail = self.tokenizer.decode(
-            tail_ids, skip_special_tokens=req.flags.skip_special_tokens
-        )
+        tail = self.tokenizer.decode(tail_ids, skip_special_tokens=req.flags.skip_special_tokens)
         # Earlier steps found no stop, so any match now involves the newest token;
         # report the one that ends first, like a streaming reader would see it.
         best: tuple[int, str] | None = None

@@ -16,8 +16,9 @@ TOKENIZER = AutoTokenizer.from_pretrained(str(importlib.resources.files("deepsee
 MULTIBYTE_TEXT = "naïve 你好，世界 👩‍👩‍👧 🌶️ नमस्ते ミャンマー"
 
 
-def rows_for(rid: str, ids: list[int], cuts: list[int], finish: common_pb2.FinishReason,
-             stop: list[str] = ()) -> list[scheduler_pb2.BatchTokenIDOutput]:
+def rows_for(
+    rid: str, ids: list[int], cuts: list[int], finish: common_pb2.FinishReason, stop: list[str] = ()
+) -> list[scheduler_pb2.BatchTokenIDOutput]:
     bounds = sorted({0, len(ids), *[c % (len(ids) + 1) for c in cuts]})
     batches = []
     for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
@@ -73,8 +74,9 @@ def test_stop_string_is_trimmed_and_never_leaks(stop: str) -> None:
     # Feed tokens until the stop string has appeared, as the scheduler would.
     end = next(n for n in range(1, len(ids) + 1) if stop in TOKENIZER.decode(ids[:n]))
     finish = common_pb2.FinishReason(kind=common_pb2.FinishReason.KIND_STOP, matched_str=stop)
-    deltas = run(DetokenizerManager(TOKENIZER),
-                 rows_for("r", ids[:end], list(range(end)), finish, [stop]))
+    deltas = run(
+        DetokenizerManager(TOKENIZER), rows_for("r", ids[:end], list(range(end)), finish, [stop])
+    )
     joined = "".join(deltas)
     assert joined == text[: text.index(stop)]
     emitted = ""
@@ -85,8 +87,9 @@ def test_stop_string_is_trimmed_and_never_leaks(stop: str) -> None:
 
 def test_unknown_rid_rows_are_dropped_and_counted() -> None:
     manager = DetokenizerManager(TOKENIZER)
-    batch = scheduler_pb2.BatchTokenIDOutput(rows=[scheduler_pb2.TokenIDRow(rid="x",
-                                                                           new_token_ids=[5])])
+    batch = scheduler_pb2.BatchTokenIDOutput(
+        rows=[scheduler_pb2.TokenIDRow(rid="x", new_token_ids=[5])]
+    )
     assert manager.handle_batch(batch) == {}
     assert manager.num_dropped_rows == 1
 

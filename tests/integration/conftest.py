@@ -11,7 +11,9 @@ from services.launch import LocalStack, StackPorts
 
 
 @pytest.fixture(scope="module")
-def stack(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+def stack(
+    default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalStack]:
     logs = tmp_path_factory.mktemp("stack-logs")
     stack = LocalStack(
         str(default_model_dir),

@@ -47,9 +47,7 @@ def test_stream_equals_non_stream_at_temperature_zero(
             **kwargs, stream=True, stream_options={"include_usage": True}
         )
     )
-    streamed = "".join(
-        c.choices[0].delta.content or "" for c in chunks if c.choices
-    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == full.choices[0].message.content
     assert len(streamed) > 0
     finishes = [c for c in chunks if c.choices and c.choices[0].finish_reason is not None]
@@ -83,7 +81,11 @@ def test_completion_counts_tokens_and_respects_max_tokens(
     streamed = "".join(
         c.choices[0].text
         for c in client.completions.create(
-            model=model_id, prompt=prompt, max_tokens=12, temperature=0, stream=True,
+            model=model_id,
+            prompt=prompt,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
             extra_body={"ignore_eos": True},
         )
         if c.choices
@@ -96,12 +98,16 @@ def test_completion_text_matches_decoding_of_generated_ids(
 ) -> None:
     import httpx
 
-    body = {"text": ["Once upon a time"], "sampling_params": {"temperature": 0,
-                                                            "max_new_tokens": 16}}
-    out = httpx.post(f"http://{stack.host}:{stack.ports.gateway}/generate", json=body,
-                     timeout=60).json()["outputs"][0]
+    body = {
+        "text": ["Once upon a time"],
+        "sampling_params": {"temperature": 0, "max_new_tokens": 16},
+    }
+    out = httpx.post(
+        f"http://{stack.host}:{stack.ports.gateway}/generate", json=body, timeout=60
+    ).json()["outputs"][0]
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
     ids = [int(i) for i in out["output_ids"]]
     assert 1 <= len(ids) <= 16
-    assert out["text"] == tokenizer.decode(ids[:-1] if ids[-1] == tokenizer.eos_token_id else ids,
-                                           skip_special_tokens=True)
+    assert out["text"] == tokenizer.decode(
+        ids[:-1] if ids[-1] == tokenizer.eos_token_id else ids, skip_special_tokens=True
+    )

@@ -1,0 +1,135 @@
+"""Attention with torch's scaled_dot_product_attention: runs anywhere torch runs.
+
+Decode tokens (one new token per request) are the common case in continuous
+batching, so they are padded into a single SDPA call with a key-padding mask.
+Requests that add several tokens (prefill chunks) run one SDPA call each: padding
+them together would waste work quadratic in the longest chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
+
+from services.scheduler.attention.base import AttentionBackend, AttentionMetadata
+from services.scheduler.forward_batch import ForwardBatch
+from services.scheduler.kv_pool import KVPool
+
+
+@dataclass(slots=True)
+class ExtendSpan:
+    """One request adding ``length`` tokens at flat rows ``start:start+length``."""
+
+    start: int
+    length: int
+    prefix_len: int  # tokens already in KV before this step
+    slots: torch.Tensor  # [prefix_len + length] pool slots
+    mask: torch.Tensor | None  # [length, prefix_len + length] bool; None = plain causal
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """All one-token requests of a step, padded into one SDPA call."""
+
+    rows: torch.Tensor  # [B] flat row of each decode token
+    slots: torch.Tensor  # [B, max_seq] slot table, padded with slot 0 (masked out)
+    mask: torch.Tensor  # [B, 1, 1, max_seq] True where a key is real
+
+
+@dataclass(slots=True)
+class TorchAttentionMetadata(AttentionMetadata):
+    decode: DecodeGroup | None = None
+    extends: list[ExtendSpan] = field(default_factory=list)
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def plan(self, batch: ForwardBatch) -> TorchAttentionMetadata:
+        meta = TorchAttentionMetadata(batch=batch)
+        decode_rows: list[int] = []
+        decode_slots: list[torch.Tensor] = []
+        start = 0
+        for seq_len, length, slots in zip(
+            batch.seq_lens, batch.extend_lens, batch.kv_slots, strict=True
+        ):
+            if length == 1:
+                decode_rows.append(start)
+                decode_slots.append(slots)
+            elif length > 1:
+                meta.extends.append(_extend_span(start, length, seq_len, slots))
+            start += length
+        if decode_rows:
+            meta.decode = _decode_group(decode_rows, decode_slots)
+        return meta
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        layer: int,
+        meta: AttentionMetadata,
+        kv_pool: KVPool,
+        scale: float,
+    ) -> torch.Tensor:
+        if not isinstance(meta, TorchAttentionMetadata):
+            raise TypeError("TorchAttentionBackend needs metadata from its own plan()")
+        kv_pool.write(layer, meta.batch.out_cache_loc, k, v)
+        k_buf, v_buf = kv_pool.k_buffers[layer], kv_pool.v_buffers[layer]
+        out = torch.empty_like(q)
+        for span in meta.extends:
+            rows = slice(span.start, span.start + span.length)
+            if span.prefix_len == 0:  # nothing cached: the new K/V are the whole context
+                span_k, span_v = k[rows], v[rows]
+            else:
+                span_k, span_v = k_buf[span.slots], v_buf[span.slots]
+            span_q = q[rows].unsqueeze(0)
+            out[rows] = _sdpa(span_q, span_k.unsqueeze(0), span_v.unsqueeze(0), span.mask, scale)[0]
+        if meta.decode is not None:
+            dec = meta.decode
+            dec_q = q[dec.rows].unsqueeze(1)  # [B, 1, H, D]
+            dec_k, dec_v = k_buf[dec.slots], v_buf[dec.slots]  # [B, S, kvH, D]
+            out[dec.rows] = _sdpa(dec_q, dec_k, dec_v, dec.mask, scale)[:, 0]
+        return out
+
+
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """SDPA on [B, L, heads, D] layouts (the pool's); ``mask=None`` means causal, L == S."""
+    dtype = q.dtype  # the pool may store K/V in another dtype than the model computes in
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        k.transpose(1, 2).to(dtype),
+        v.transpose(1, 2).to(dtype),
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2)
+
+
+def _extend_span(start: int, length: int, seq_len: int, slots: torch.Tensor) -> ExtendSpan:
+    prefix_len = seq_len - length
+    mask = None
+    if prefix_len > 0:
+        # Causal with an offset: new token j sees keys 0..prefix_len + j.
+        keys = torch.arange(seq_len, device=slots.device)
+        queries = torch.arange(prefix_len, seq_len, device=slots.device)
+        mask = keys[None, :] <= queries[:, None]
+    return ExtendSpan(start, length, prefix_len, slots, mask)
+
+
+def _decode_group(rows: list[int], slots: list[torch.Tensor]) -> DecodeGroup:
+    device = slots[0].device
+    seq_lens = torch.tensor([len(s) for s in slots], device=device)
+    table = pad_sequence(slots, batch_first=True, padding_value=0)
+    key_pos = torch.arange(table.shape[1], device=device)
+    mask = (key_pos[None, :] < seq_lens[:, None])[:, None, None, :]
+    return DecodeGroup(torch.tensor(rows, dtype=torch.int64, device=device), table, mask)

@@ -1,0 +1,141 @@
+"""Attention backends against a naive per-request reference over the KV pool."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from services.scheduler.attention import create_attention_backend
+from services.scheduler.attention.base import AttentionBackend
+from services.scheduler.forward_batch import ForwardBatch
+from services.scheduler.kv_pool import KVPool
+
+HEADS, KV_HEADS, HEAD_DIM, NUM_SLOTS = 4, 2, 16, 256
+SCALE = HEAD_DIM**-0.5
+
+# (prefix_len, new tokens) per request: decode-only, prefill-only, chunked, and mixed batches.
+CASES = {
+    "decode_only": [(5, 1), (17, 1), (1, 1), (40, 1)],
+    "prefill_only": [(0, 7), (0, 1), (0, 19)],
+    "chunked": [(12, 9), (3, 30)],
+    "mixed": [(0, 11), (9, 1), (20, 6), (33, 1), (0, 1), (2, 2)],
+}
+
+
+def naive_attention(q: torch.Tensor, batch: ForwardBatch, pool: KVPool, layer: int) -> torch.Tensor:
+    """Reference in float64: explicit scores, offset-causal mask, softmax, per request."""
+    out, start = [], 0
+    per_request = zip(batch.seq_lens, batch.extend_lens, batch.kv_slots, strict=True)
+    for seq_len, length, slots in per_request:
+        prefix = seq_len - length
+        keys = pool.k_buffers[layer][slots].double().repeat_interleave(HEADS // KV_HEADS, dim=1)
+        values = pool.v_buffers[layer][slots].double().repeat_interleave(HEADS // KV_HEADS, dim=1)
+        queries = q[start : start + length].double()
+        scores = torch.einsum("qhd,khd->hqk", queries, keys) * SCALE
+        visible = torch.arange(seq_len)[None, :] <= (prefix + torch.arange(length))[:, None]
+        scores = scores.masked_fill(~visible, float("-inf"))
+        out.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), values))
+        start += length
+    return torch.cat(out).float()
+
+
+def random_step(
+    spec: list[tuple[int, int]], seed: int = 0
+) -> tuple[ForwardBatch, KVPool, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A pool with random cached K/V and a batch over shuffled, non-contiguous slots."""
+    gen = torch.Generator().manual_seed(seed)
+    pool = KVPool(NUM_SLOTS, 2, KV_HEADS, HEAD_DIM, torch.float32)
+    for layer in range(2):
+        pool.k_buffers[layer].normal_(generator=gen)
+        pool.v_buffers[layer].normal_(generator=gen)
+    free = torch.randperm(NUM_SLOTS, generator=gen).tolist()
+    slots, new_ids = [], []
+    for prefix, length in spec:
+        slots.append([free.pop() for _ in range(prefix + length)])
+        new_ids.append([0] * length)
+    batch = ForwardBatch.build(new_ids, [p for p, _ in spec], slots)
+    num_tokens = batch.num_tokens
+    q = torch.randn(num_tokens, HEADS, HEAD_DIM, generator=gen)
+    k = torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=gen)
+    v = torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=gen)
+    return batch, pool, q, k, v
+
+
+def run_backend(
+    backend: AttentionBackend,
+    batch: ForwardBatch,
+    pool: KVPool,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layer: int = 1,
+) -> torch.Tensor:
+    meta = backend.plan(batch)
+    return backend.forward(q, k, v, layer=layer, meta=meta, kv_pool=pool, scale=SCALE)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_torch_backend_matches_naive(case: str) -> None:
+    batch, pool, q, k, v = random_step(CASES[case])
+    untouched_before = pool.k_buffers[0].clone()
+    out = run_backend(create_attention_backend("torch", "cpu"), batch, pool, q, k, v)
+    # The backend stored the new K/V exactly where the batch said, in the right layer only.
+    assert torch.equal(pool.k_buffers[1][batch.out_cache_loc], k)
+    assert torch.equal(pool.v_buffers[1][batch.out_cache_loc], v)
+    assert torch.equal(pool.k_buffers[0], untouched_before)
+    torch.testing.assert_close(out, naive_attention(q, batch, pool, 1), atol=1e-5, rtol=1e-5)
+
+
+def test_torch_backend_bf16_pool_close_to_naive() -> None:
+    batch, pool, q, k, v = random_step(CASES["mixed"], seed=1)
+    pool.k_buffers = [b.bfloat16() for b in pool.k_buffers]
+    pool.v_buffers = [b.bfloat16() for b in pool.v_buffers]
+    out = run_backend(create_attention_backend("torch", "cpu"), batch, pool, q, k, v)
+    torch.testing.assert_close(out, naive_attention(q, batch, pool, 1), atol=2e-2, rtol=2e-2)
+
+
+def test_unknown_backend_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        create_attention_backend("sdpa2", "cpu")
+
+
+def test_flash_attn_backend_importable_and_refuses_cpu() -> None:
+    module = importlib.import_module("services.scheduler.attention.flash_attn_backend")
+    assert module.FlashAttnBackend.name == "flash_attn"
+    with pytest.raises(RuntimeError, match="flash_attn"):
+        create_attention_backend("flash_attn", "cpu")
+
+
+def _flash_kernel_installed() -> bool:
+    from services.scheduler.attention.flash_attn_backend import load_varlen_kernel
+
+    try:
+        load_varlen_kernel()
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_flash_attn_backend_matches_naive(case: str) -> None:
+    if not _flash_kernel_installed():
+        pytest.skip("neither vllm-flash-attn nor flash-attn is installed")
+    batch, pool, q, k, v = random_step(CASES[case])
+    batch_cuda = ForwardBatch.build(
+        [[0] * n for n in batch.extend_lens],
+        [s - n for s, n in zip(batch.seq_lens, batch.extend_lens, strict=True)],
+        [s.tolist() for s in batch.kv_slots],
+        device="cuda",
+    )
+    pool.k_buffers = [b.cuda().bfloat16() for b in pool.k_buffers]
+    pool.v_buffers = [b.cuda().bfloat16() for b in pool.v_buffers]
+    backend = create_attention_backend("flash_attn", "cuda")
+    out = run_backend(backend, batch_cuda, pool, *(t.cuda().bfloat16() for t in (q, k, v)))
+    pool.k_buffers = [b.float().cpu() for b in pool.k_buffers]
+    pool.v_buffers = [b.float().cpu() for b in pool.v_buffers]
+    expected = naive_attention(q, batch, pool, 1)  # over the bf16-rounded K/V the kernel saw
+    torch.testing.assert_close(out.float().cpu(), expected, atol=3e-2, rtol=3e-2)
