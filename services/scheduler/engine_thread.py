@@ -7,6 +7,7 @@ drains. Torch releases the GIL during kernels, so both sides make progress.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -60,10 +61,8 @@ class EngineThread:
 
     def stop(self) -> None:
         self._stopped.set()
-        try:
+        with contextlib.suppress(queue.Full):
             self.inbox.put_nowait(None)
-        except queue.Full:
-            pass
         self._thread.join(timeout=10)
 
     def submit(self, command: AddCommand | AbortCommand) -> None:
