@@ -1,0 +1,38 @@
+"""`tokenline healthcheck --addr HOST:PORT [--service NAME]`: a gRPC health probe.
+
+Exit 0 when the service reports SERVING, 1 otherwise. Used by docker-compose
+healthchecks; Kubernetes uses its native gRPC probe instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.common.grpc_server import READINESS_SERVICE
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tokenline healthcheck", description=__doc__)
+    p.add_argument("--addr", required=True, help="host:port of a tokenline gRPC service")
+    p.add_argument("--service", default=READINESS_SERVICE,
+                   help='health service name ("" = liveness of the whole server)')
+    p.add_argument("--timeout", type=float, default=2.0)
+    args = p.parse_args(argv)
+    try:
+        with grpc.insecure_channel(args.addr) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
+            )
+    except grpc.RpcError as exc:
+        print(f"{args.addr}: {exc.code().name}")
+        return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(f"{args.addr} {args.service or '(server)'}: {status}")
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
