@@ -9,8 +9,12 @@ MODEL_DIR ?= models/tokenline-tiny
 PROTOS := $(wildcard proto/tokenline/v1/*.proto)
 STUBS := proto/tokenline/v1/frontend_pb2.py
 PYTEST_ARGS ?=
+DESCRIPTOR := deploy/envoy/tokenline.pb
+BUF := $(VENV)/bin/buf
+# `make proto-check` compares the working tree's protos with this branch.
+PROTO_AGAINST ?= main
 
-.PHONY: all setup proto model run test lint fmt bench clean
+.PHONY: all setup proto model run test lint fmt bench clean descriptor proto-check
 
 all: setup
 
@@ -27,6 +31,20 @@ $(STUBS): $(PROTOS) $(STAMP)
 
 proto: $(STAMP)
 	$(PY) -m services.common.gen_protos
+
+# The FileDescriptorSet (with imports and source info) Envoy's transcoder loads.
+descriptor: $(STAMP)
+	$(PY) -m services.common.gen_protos --descriptor-set $(DESCRIPTOR)
+
+# buf lint, then buf breaking against $(PROTO_AGAINST) (skipped when that branch is absent).
+proto-check: $(STAMP)
+	$(BUF) lint
+	@if git rev-parse --verify --quiet '$(PROTO_AGAINST)^{commit}' >/dev/null; then \
+		echo "$(BUF) breaking proto --against '.git#branch=$(PROTO_AGAINST),subdir=proto'"; \
+		$(BUF) breaking proto --against '.git#branch=$(PROTO_AGAINST),subdir=proto'; \
+	else \
+		echo "proto-check: no '$(PROTO_AGAINST)' branch in this checkout; buf breaking skipped"; \
+	fi
 
 $(MODEL_DIR)/config.json: | $(STAMP)
 	$(PY) -m services.common.default_model --out $(MODEL_DIR)

@@ -15,6 +15,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestContextMiddleware
+from gateway.openapi import install_openapi
 
 ChannelFactory = Callable[[GatewayConfig], grpc.aio.Channel]
 
@@ -49,6 +50,7 @@ def create_app(config: GatewayConfig, channel_factory: ChannelFactory | None = N
     app.include_router(routes_openai.router)
     app.include_router(routes_native.router)
     install_error_handlers(app)
+    install_openapi(app)
     # add_middleware wraps: the last added runs first (request context is outermost).
     if config.max_body_bytes:
         app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)

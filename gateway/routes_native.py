@@ -5,21 +5,38 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from tokenline.v1 import frontend_pb2
 
 from gateway.client import FrontendClient, until_disconnected
 from gateway.convert import detokenize_request_to_proto, generate_request_to_proto
 from gateway.errors import error_body
 from gateway.metrics import GatewayMetrics
+from gateway.openapi import BODY_ERRORS, GENERATION_ERRORS, error_responses, responses
 from gateway.render import generate_to_dict
+from gateway.responses import (
+    DetokenizeResponse,
+    GenerateResponse,
+    HealthResponse,
+    TokenizeResponse,
+)
 from gateway.schemas import DetokenizeBody, GenerateBody, TokenizeBody
 from gateway.sse import stream_response
 
 router = APIRouter()
 
 
-@router.post("/generate", response_model=None, tags=["native"])
+@router.post(
+    "/generate",
+    response_model=None,
+    tags=["native"],
+    responses=responses(
+        GenerateResponse,
+        "Outputs in input order.",
+        GENERATION_ERRORS,
+        stream_frame=GenerateResponse,
+    ),
+)
 async def generate(body: GenerateBody, request: Request) -> Response:
     """`GenerateReqInput` in, `GenerateResponse` out as proto JSON (SSE when streaming)."""
     client: FrontendClient = request.state.frontend
@@ -33,7 +50,12 @@ async def generate(body: GenerateBody, request: Request) -> Response:
     return JSONResponse(generate_to_dict(await until_disconnected(request, call, call)))
 
 
-@router.post("/v1/tokenize", tags=["native"])
+@router.post(
+    "/v1/tokenize",
+    response_model=None,
+    tags=["native"],
+    responses=responses(TokenizeResponse, "The token ids.", BODY_ERRORS),
+)
 async def tokenize(body: TokenizeBody, request: Request) -> dict[str, Any]:
     """Token ids of `prompt` with the served model's tokenizer."""
     client: FrontendClient = request.state.frontend
@@ -49,7 +71,12 @@ async def tokenize(body: TokenizeBody, request: Request) -> dict[str, Any]:
     }
 
 
-@router.post("/v1/detokenize", tags=["native"])
+@router.post(
+    "/v1/detokenize",
+    response_model=None,
+    tags=["native"],
+    responses=responses(DetokenizeResponse, "The text.", BODY_ERRORS),
+)
 async def detokenize(body: DetokenizeBody, request: Request) -> dict[str, Any]:
     """Text of `tokens` with the served model's tokenizer."""
     client: FrontendClient = request.state.frontend
@@ -59,7 +86,12 @@ async def detokenize(body: DetokenizeBody, request: Request) -> dict[str, Any]:
     return {"prompt": reply.prompt}
 
 
-@router.get("/health", tags=["ops"], response_model=None)
+@router.get(
+    "/health",
+    tags=["ops"],
+    response_model=None,
+    responses={200: {"model": HealthResponse, "description": "Ready"}, **error_responses((503,))},
+)
 async def health(request: Request) -> Response:
     """200 when the frontend's gRPC readiness check says SERVING, else 503."""
     client: FrontendClient = request.state.frontend
@@ -70,7 +102,12 @@ async def health(request: Request) -> Response:
     )
 
 
-@router.get("/metrics", tags=["ops"], response_model=None)
+@router.get(
+    "/metrics",
+    tags=["ops"],
+    response_model=None,
+    response_class=PlainTextResponse,
+)
 async def metrics(request: Request) -> Response:
     """Prometheus exposition of the gateway's own request metrics."""
     gateway_metrics: GatewayMetrics = request.state.metrics

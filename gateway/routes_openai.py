@@ -12,6 +12,7 @@ from tokenline.v1 import frontend_pb2, openai_pb2
 from gateway.client import FrontendClient, until_disconnected
 from gateway.convert import chat_request_to_proto, completion_request_to_proto
 from gateway.errors import GatewayError
+from gateway.openapi import GENERATION_ERRORS, READ_ERRORS, responses
 from gateway.render import (
     chat_chunk_to_dict,
     chat_completion_to_dict,
@@ -19,6 +20,7 @@ from gateway.render import (
     model_list_to_dict,
     model_to_dict,
 )
+from gateway.responses import ChatCompletion, ChatCompletionChunk, Completion, Model, ModelList
 from gateway.schemas import ChatCompletionBody, CompletionBody, SharedRequestBody
 from gateway.sse import stream_response
 
@@ -29,7 +31,13 @@ def _include_usage(body: SharedRequestBody) -> bool:
     return body.stream_options is not None and body.stream_options.include_usage
 
 
-@router.post("/v1/chat/completions", response_model=None)
+@router.post(
+    "/v1/chat/completions",
+    response_model=None,
+    responses=responses(
+        ChatCompletion, "A chat.completion.", GENERATION_ERRORS, stream_frame=ChatCompletionChunk
+    ),
+)
 async def chat_completions(body: ChatCompletionBody, request: Request) -> Response:
     """Chat completion; `stream: true` answers with SSE `chat.completion.chunk` frames."""
     client: FrontendClient = request.state.frontend
@@ -46,7 +54,13 @@ async def chat_completions(body: ChatCompletionBody, request: Request) -> Respon
     return JSONResponse(chat_completion_to_dict(result, logprobs=body.logprobs))
 
 
-@router.post("/v1/completions", response_model=None)
+@router.post(
+    "/v1/completions",
+    response_model=None,
+    responses=responses(
+        Completion, "A text_completion.", GENERATION_ERRORS, stream_frame=Completion
+    ),
+)
 async def completions(body: CompletionBody, request: Request) -> Response:
     """Text completion; `stream: true` answers with SSE `text_completion` frames."""
     client: FrontendClient = request.state.frontend
@@ -71,13 +85,19 @@ async def _list_models(request: Request) -> openai_pb2.ModelList:
     return await until_disconnected(request, call, call)
 
 
-@router.get("/v1/models")
+@router.get(
+    "/v1/models", response_model=None, responses=responses(ModelList, "The list.", READ_ERRORS)
+)
 async def list_models(request: Request) -> dict[str, Any]:
     """The models the frontend serves."""
     return model_list_to_dict(await _list_models(request))
 
 
-@router.get("/v1/models/{model_id:path}")
+@router.get(
+    "/v1/models/{model_id:path}",
+    response_model=None,
+    responses=responses(Model, "The model.", (404, *READ_ERRORS)),
+)
 async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
     """One model by id (ids may contain `/`); 404 when the frontend does not serve it."""
     for model in (await _list_models(request)).data:

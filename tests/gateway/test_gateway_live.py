@@ -1,0 +1,444 @@
+"""The gateway against the REAL stack: official openai client (sync and async), raw SSE
+bytes, native routes, errors from the real frontend, auth/limits/deadline, disconnects.
+
+One LocalStack (detokenizer, scheduler, frontend, gateway as subprocesses) serves the
+module; every assertion compares against what the real services computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from gateway_harness import GatewayServer
+from live_helpers import running_stack, scheduler_load, seconds_until_idle, sse_frames
+from test_gateway_openapi import validator
+from transformers import AutoTokenizer
+
+from gateway.config import GatewayConfig
+from services.launch import LocalStack
+
+USER = [{"role": "user", "content": "Name three colours, please."}]
+PROMPT = "The quick brown fox"
+# Long enough that a request is still decoding when the test cancels it.
+LONG = {"max_tokens": 4000, "ignore_eos": True}
+
+
+@pytest.fixture(autouse=True)
+def fake() -> None:
+    """The real frontend answers here: override the suite's autouse fake-frontend reset."""
+
+
+@pytest.fixture(scope="module")
+def stack(
+    default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalStack]:
+    with running_stack(default_model_dir, tmp_path_factory.mktemp("live-logs")) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def root(stack: LocalStack) -> str:
+    return f"http://{stack.host}:{stack.ports.gateway}"
+
+
+@pytest.fixture(scope="module")
+def client(stack: LocalStack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture
+async def async_client(stack: LocalStack) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def model_id(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+@pytest.fixture(scope="module")
+def greedy_text(client: openai.OpenAI, model_id: str) -> str:
+    """24 greedy tokens after PROMPT: the reference the stop tests cut."""
+    out = client.completions.create(
+        model=model_id, prompt=PROMPT, max_tokens=24, temperature=0, extra_body={"ignore_eos": True}
+    )
+    return out.choices[0].text
+
+
+# ---- openai client, sync -------------------------------------------------------------
+
+
+def test_models_list_and_retrieve(
+    client: openai.OpenAI, model_id: str, default_model_dir: Path
+) -> None:
+    assert model_id == default_model_dir.name
+    model = client.models.retrieve(model_id)
+    assert (model.id, model.object, model.owned_by) == (model_id, "model", "tokenline")
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("no-such-model")
+    assert info.value.status_code == 404 and info.value.param == "model"
+
+
+def test_max_completion_tokens_wins_over_max_tokens(client: openai.OpenAI, model_id: str) -> None:
+    out = client.chat.completions.create(
+        model=model_id,
+        messages=USER,
+        max_tokens=20,
+        max_completion_tokens=5,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert out.usage.completion_tokens == 5 and out.choices[0].finish_reason == "length"
+
+
+def test_content_parts_equal_plain_content(client: openai.OpenAI, model_id: str) -> None:
+    parts = [{"role": "user", "content": [{"type": "text", "text": USER[0]["content"]}]}]
+    kwargs = dict(model=model_id, max_tokens=8, temperature=0)
+    # Warm the prefix cache first so both requests below see the same cache state.
+    client.chat.completions.create(messages=USER, **kwargs)
+    plain = client.chat.completions.create(messages=USER, **kwargs)
+    as_parts = client.chat.completions.create(messages=parts, **kwargs)
+    assert as_parts.choices[0].message.content == plain.choices[0].message.content
+    assert as_parts.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def test_n2_stream_matches_non_stream_per_choice(client: openai.OpenAI, model_id: str) -> None:
+    kwargs = dict(model=model_id, messages=USER, n=2, max_tokens=6, temperature=1.0, seed=7)
+    full = client.chat.completions.create(**kwargs, extra_body={"ignore_eos": True})
+    assert [c.index for c in full.choices] == [0, 1]
+    assert full.usage.completion_tokens == 12
+    chunks = list(
+        client.chat.completions.create(
+            **kwargs, stream=True, stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )  # fmt: skip
+    texts, finishes, roles = {0: "", 1: ""}, {0: [], 1: []}, {0: [], 1: []}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            roles[choice.index] += [choice.delta.role] if choice.delta.role else []
+            finishes[choice.index] += [choice.finish_reason] if choice.finish_reason else []
+    assert texts == {c.index: c.message.content for c in full.choices}
+    assert finishes == {0: ["length"], 1: ["length"]}
+    assert roles == {0: ["assistant"], 1: ["assistant"]}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+
+
+def test_seed_reproduces_at_temperature_one(client: openai.OpenAI, model_id: str) -> None:
+    def sample(seed: int) -> str:
+        out = client.completions.create(
+            model=model_id, prompt=PROMPT, max_tokens=16, temperature=1.0, seed=seed,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        return out.choices[0].text
+
+    first = sample(1234)
+    assert sample(1234) == first
+    assert sample(4321) != first
+
+
+@pytest.mark.parametrize("as_list", [False, True], ids=["string", "list"])
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_stop_ends_the_text_before_the_match(
+    client: openai.OpenAI, model_id: str, greedy_text: str, as_list: bool, stream: bool
+) -> None:
+    middle = len(greedy_text) // 2
+    stop = greedy_text[middle : middle + 3]
+    expected = greedy_text[: greedy_text.index(stop)]
+    kwargs: dict[str, Any] = dict(
+        model=model_id,
+        prompt=PROMPT,
+        max_tokens=24,
+        temperature=0,
+        stop=["never-in-this-text", stop] if as_list else stop,
+        extra_body={"ignore_eos": True},
+    )
+    if stream:
+        chunks = list(client.completions.create(**kwargs, stream=True))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+        assert finish == ["stop"]
+    else:
+        choice = client.completions.create(**kwargs).choices[0]
+        text = choice.text
+        assert choice.finish_reason == "stop" and choice.model_extra["stop_reason"] == stop
+    assert text == expected
+
+
+def test_chat_logprobs_and_top_logprobs(client: openai.OpenAI, model_id: str) -> None:
+    kwargs = dict(model=model_id, messages=USER, max_tokens=6, temperature=0, logprobs=True)
+    out = client.chat.completions.create(**kwargs, top_logprobs=3)
+    entries = out.choices[0].logprobs.content
+    assert len(entries) == out.usage.completion_tokens
+    for entry in entries:
+        top = entry.top_logprobs
+        assert len(top) == 3 and [t.logprob for t in top] == sorted(
+            (t.logprob for t in top), reverse=True
+        )
+        # Greedy: the chosen token is the most likely one.
+        assert (entry.token, entry.logprob) == (top[0].token, top[0].logprob) and entry.logprob <= 0
+    joined = b"".join(bytes(e.bytes) for e in entries).decode("utf-8", errors="replace")
+    assert joined == out.choices[0].message.content
+    streamed = [
+        e.token
+        for c in client.chat.completions.create(**kwargs, stream=True)
+        for ch in c.choices
+        if ch.logprobs
+        for e in ch.logprobs.content
+    ]
+    assert streamed == [e.token for e in entries]
+
+
+def test_completion_logprobs(client: openai.OpenAI, model_id: str) -> None:
+    out = client.completions.create(
+        model=model_id, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    logprobs = out.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == 6
+    assert "".join(logprobs.tokens) == out.choices[0].text
+    for token, logprob, top in zip(
+        logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True
+    ):
+        assert len(top) == 2 and top[token] == logprob == max(top.values())
+    assert logprobs.text_offset == sorted(logprobs.text_offset)
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_completion_stream_usage_chunk(
+    client: openai.OpenAI, model_id: str, include_usage: bool
+) -> None:
+    chunks = list(
+        client.completions.create(
+            model=model_id, prompt=PROMPT, max_tokens=5, temperature=0, stream=True,
+            stream_options={"include_usage": include_usage}, extra_body={"ignore_eos": True},
+        )
+    )  # fmt: skip
+    with_usage = [c for c in chunks if c.usage is not None]
+    if not include_usage:
+        assert with_usage == []
+        return
+    assert with_usage == [chunks[-1]] and chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == 5
+
+
+def test_invalid_argument_from_the_frontend_is_400_with_param(
+    client: openai.OpenAI, model_id: str
+) -> None:
+    for stream in (False, True):  # a stream fails before its first frame: a real status
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(
+                model=model_id, messages=USER, temperature=-1, stream=stream
+            )
+        assert info.value.status_code == 400
+        assert (info.value.param, info.value.type) == ("temperature", "invalid_request_error")
+        assert "temperature" in info.value.message
+
+
+# ---- openai client, async ------------------------------------------------------------
+
+
+async def test_async_chat_and_completion(
+    async_client: openai.AsyncOpenAI, client: openai.OpenAI, model_id: str
+) -> None:
+    chat = dict(model=model_id, messages=USER, max_tokens=8, temperature=0)
+    text = dict(model=model_id, prompt=PROMPT, max_tokens=8, temperature=0)
+    full_chat, full_text = await asyncio.gather(
+        async_client.chat.completions.create(**chat), async_client.completions.create(**text)
+    )
+    streamed = "".join(
+        [c.choices[0].delta.content or "" async for c in await async_client.chat.completions.create(
+            **chat, stream=True) if c.choices]
+    )  # fmt: skip
+    assert streamed == full_chat.choices[0].message.content
+    assert full_text.choices[0].text == client.completions.create(**text).choices[0].text
+    models = await async_client.models.list()
+    assert [m.id for m in models.data] == [model_id]
+
+
+# ---- raw HTTP ------------------------------------------------------------------------
+
+
+def test_sse_bytes_frames_order_and_headers(root: str, model_id: str) -> None:
+    body = {
+        "model": model_id, "messages": USER, "n": 2, "max_tokens": 4, "ignore_eos": True,
+        "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    resp = httpx.post(
+        f"{root}/v1/chat/completions", json=body, headers={"X-Request-Id": "live-sse-1"}, timeout=60
+    )
+    assert resp.status_code == 200
+    assert resp.headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert resp.headers["cache-control"] == "no-cache"
+    assert resp.headers["x-accel-buffering"] == "no"
+    assert resp.headers["x-request-id"] == "live-sse-1"
+    frames = sse_frames(resp.content)
+    assert frames[-1] == "[DONE]" and frames.count("[DONE]") == 1
+    chunks = [json.loads(f) for f in frames[:-1]]
+    assert {c["id"] for c in chunks} == {"chatcmpl-live-sse-1"}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    first_seen: dict[int, dict[str, Any]] = {}
+    finished: list[int] = []
+    for chunk in chunks[:-1]:
+        assert chunk["usage"] is None
+        for choice in chunk["choices"]:
+            first_seen.setdefault(choice["index"], choice["delta"])
+            assert choice["index"] not in finished, "a frame after the choice's finish"
+            if choice["finish_reason"] is not None:
+                assert choice["finish_reason"] == "length" and choice["delta"] == {}
+                finished.append(choice["index"])
+    assert sorted(finished) == [0, 1]
+    assert all(delta.get("role") == "assistant" for delta in first_seen.values())
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
+
+
+def test_generate_native_stream_equals_unary(root: str) -> None:
+    body = {"text": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
+    unary = httpx.post(f"{root}/generate", json=body, timeout=60).json()["outputs"][0]
+    resp = httpx.post(f"{root}/generate", json=body | {"stream": True}, timeout=60)
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    frames = sse_frames(resp.content)
+    assert frames[-1] == "[DONE]"
+    outputs = [json.loads(f)["outputs"][0] for f in frames[:-1]]
+    assert "".join(o["text"] for o in outputs) == unary["text"]
+    assert [i for o in outputs for i in o["output_ids"]] == unary["output_ids"]
+    assert outputs[-1]["finish_reason"] == unary["finish_reason"]
+    assert unary["meta_info"]["completion_tokens"] == len(unary["output_ids"])
+
+
+def test_tokenize_detokenize_round_trip(root: str, default_model_dir: Path) -> None:
+    text = "Hello, world! 你好 tokenline"
+    tokenized = httpx.post(
+        f"{root}/v1/tokenize", json={"prompt": text, "add_special_tokens": False}, timeout=30
+    ).json()
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
+    assert tokenized["tokens"] == tokenizer.encode(text, add_special_tokens=False)
+    assert tokenized["count"] == len(tokenized["tokens"])
+    model = httpx.get(f"{root}/v1/models", timeout=30).json()["data"][0]
+    assert tokenized["max_model_len"] == model["max_model_len"]
+    back = httpx.post(f"{root}/v1/detokenize", json={"tokens": tokenized["tokens"]}, timeout=30)
+    assert back.json() == {"prompt": text}
+    bad = httpx.post(f"{root}/v1/detokenize", json={"tokens": [-1]}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_stream_disconnect_frees_the_scheduler_within_2s(
+    stack: LocalStack, root: str, model_id: str
+) -> None:
+    body = {"model": model_id, "messages": USER, "stream": True} | LONG
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream("POST", f"{root}/v1/chat/completions", json=body) as resp,
+    ):
+        frames = (line for line in resp.iter_lines() if line.startswith("data: "))
+        for _ in range(3):
+            next(frames)
+        assert scheduler_load(stack)[1] == 1, "the request should be decoding now"
+    # Leaving the block closed the connection mid-stream.
+    assert seconds_until_idle(stack, limit_s=2.0) < 2.0
+
+
+async def test_unary_disconnect_frees_the_scheduler_within_2s(
+    stack: LocalStack, root: str, model_id: str
+) -> None:
+    body = {"model": model_id, "prompt": PROMPT} | LONG
+    async with httpx.AsyncClient(timeout=60) as http:
+        task = asyncio.ensure_future(http.post(f"{root}/v1/completions", json=body))
+        while scheduler_load(stack)[1] < 1:
+            await asyncio.sleep(0.02)
+        task.cancel()  # the client gives up on a non-streamed request
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert seconds_until_idle(stack, limit_s=2.0) < 2.0
+
+
+@pytest.fixture(scope="module")
+def strict_live(stack: LocalStack) -> Iterator[str]:
+    """A second, in-process gateway on the same real frontend: key, 4 KiB limit, 1 s deadline."""
+    config = GatewayConfig(
+        frontend_addr=stack.addr("frontend"),
+        api_key="live-key",
+        max_body_bytes=4096,
+        request_timeout_s=1.0,
+    )
+    server = GatewayServer(config).start()
+    yield server.url
+    server.stop()
+
+
+def test_api_key_on_the_real_stack(strict_live: str, model_id: str) -> None:
+    keyed = openai.OpenAI(base_url=f"{strict_live}/v1", api_key="live-key", max_retries=0)
+    assert [m.id for m in keyed.models.list().data] == [model_id]
+    wrong = openai.OpenAI(base_url=f"{strict_live}/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as info:
+        wrong.models.list()
+    assert info.value.status_code == 401 and info.value.code == "invalid_api_key"
+    assert httpx.get(f"{strict_live}/health", timeout=10).status_code == 200
+
+
+def test_body_limit_and_deadline_on_the_real_stack(
+    stack: LocalStack, strict_live: str, model_id: str
+) -> None:
+    auth = {"Authorization": "Bearer live-key"}
+    big = {"model": model_id, "prompt": "x" * 5000}
+    resp = httpx.post(f"{strict_live}/v1/completions", json=big, headers=auth, timeout=10)
+    assert resp.status_code == 413 and resp.json()["error"]["code"] == "request_too_large"
+    slow = {"model": model_id, "prompt": PROMPT} | LONG
+    resp = httpx.post(f"{strict_live}/v1/completions", json=slow, headers=auth, timeout=30)
+    assert resp.status_code == 504
+    assert resp.json()["error"]["type"] == "timeout_error"
+    # The expired deadline cancelled the call, and the frontend aborted upstream.
+    assert seconds_until_idle(stack, limit_s=2.0) < 2.0
+
+
+def test_health_and_metrics(root: str) -> None:
+    assert httpx.get(f"{root}/health", timeout=10).json() == {"status": "ok"}
+    metrics = httpx.get(f"{root}/metrics", timeout=10).text
+    assert 'route="/v1/chat/completions"' in metrics and 'status="200"' in metrics
+
+
+def test_real_responses_match_openapi(root: str, model_id: str) -> None:
+    """Every body the real stack sent validates against the gateway's own /openapi.json."""
+    spec = httpx.get(f"{root}/openapi.json", timeout=10).json()
+    chat = {"model": model_id, "messages": USER, "max_tokens": 3, "logprobs": True}
+    chat |= {"top_logprobs": 2}
+    text = {"model": model_id, "prompt": PROMPT, "max_tokens": 3, "logprobs": 2}
+    usage = {"stream": True, "stream_options": {"include_usage": True}}
+    native = {"text": [PROMPT, "Hi"], "sampling_params": {"max_new_tokens": 3}}
+    native |= {"return_logprob": True}
+    one_model = "/v1/models/{model_id}"
+    cases: list[tuple[str, str, dict[str, Any] | None, str]] = [
+        ("/v1/chat/completions", "", chat, "ChatCompletion"),
+        ("/v1/chat/completions", "", chat | usage, "ChatCompletionChunk"),
+        ("/v1/chat/completions", "", chat | {"top_p": 0}, "ErrorResponse"),
+        ("/v1/completions", "", text, "Completion"),
+        ("/v1/completions", "", text | usage, "Completion"),
+        ("/generate", "", native, "GenerateResponse"),
+        ("/generate", "", native | {"stream": True}, "GenerateResponse"),
+        ("/v1/tokenize", "", {"prompt": PROMPT}, "TokenizeResponse"),
+        ("/v1/detokenize", "", {"tokens": [1, 2, 3]}, "DetokenizeResponse"),
+        ("/v1/models", "", None, "ModelList"),
+        (one_model, model_id, None, "Model"),
+        (one_model, "no-such-model", None, "ErrorResponse"),
+        ("/health", "", None, "HealthResponse"),
+    ]
+    for template, model, body, schema in cases:
+        path = template.replace("{model_id}", model)
+        method = "GET" if body is None else "POST"
+        resp = httpx.request(method, f"{root}{path}", json=body, timeout=60)
+        documented = spec["paths"][template][method.lower()]["responses"]
+        assert str(resp.status_code) in documented, (path, resp.text)
+        is_sse = resp.headers["content-type"].startswith("text/event-stream")
+        frames = sse_frames(resp.content)[:-1] if is_sse else [resp.text]
+        check = validator(spec, schema)
+        for frame in frames:
+            errors = [e.message for e in check.iter_errors(json.loads(frame))]
+            assert errors == [], (path, schema, errors)
