@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from tokenline.v1 import detokenizer_pb2, detokenizer_pb2_grpc
 
 from services.common.envs import env_default
-from services.common.grpc_server import GrpcProcess, setup_logging
+from services.common.grpc_server import GrpcProcess, setup_logging, wait_until
 from services.common.tokenizer import load_tokenizer
 from services.detokenizer import metrics
 from services.detokenizer.manager import DetokenizerManager
@@ -67,7 +67,13 @@ async def serve(config: DetokenizerConfig) -> None:
     metrics.track(manager, servicer)
     await process.start()
     await process.set_ready(True)
-    await process.serve_until_signal(config.drain_timeout)
+
+    async def drain() -> None:
+        # Requests in flight finish first; then subscriptions end so stop() need not wait.
+        await wait_until(lambda: not manager.states, config.drain_timeout)
+        servicer.close_subscriptions()
+
+    await process.serve_until_signal(config.drain_timeout, on_drain=drain)
 
 
 def main() -> None:

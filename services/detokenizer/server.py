@@ -88,6 +88,11 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServiceServicer):
                     "no room for frontend %r; dropped %d rows", frontend_id, len(batch.rows)
                 )
 
+    def close_subscriptions(self) -> None:
+        """End every Subscribe stream (drain): frontends see the stream finish."""
+        for queue in list(self.subscribers.values()):
+            self._close(queue)
+
     def _close(self, queue: asyncio.Queue[detokenizer_pb2.BatchStrOutput]) -> None:
         """End a replaced subscription; rows still queued for it are dropped and counted."""
         while not queue.empty():
