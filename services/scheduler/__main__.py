@@ -12,13 +12,14 @@ import torch
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from services.common.envs import env_default
-from services.common.grpc_server import GrpcProcess, setup_logging
+from services.common.grpc_server import GrpcProcess, setup_logging, wait_until
 from services.common.tokenizer import load_tokenizer
+from services.scheduler.detokenizer_pusher import DetokenizerPusher
 from services.scheduler.engine import Scheduler, SchedulerConfig
 from services.scheduler.engine_thread import EngineThread
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.loader import load_model
-from services.scheduler.server import DetokenizerPusher, SchedulerServicer
+from services.scheduler.server import SchedulerServicer
 from services.scheduler.stop_checker import StopChecker
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class SchedulerProcessConfig:
     max_waiting_requests: int
     max_num_batched_tokens: int
     context_length: int
+    disable_prefix_cache: bool
     num_threads: int
     drain_timeout: float
     log_level: str
@@ -76,7 +78,15 @@ def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
         help="KV pool size in tokens (overrides --kv-cache-memory-mb)",
     )
     p.add_argument(
-        "--kv-cache-memory-mb", type=int, default=512, help="KV pool size as a memory budget"
+        "--kv-cache-memory-mb",
+        type=int,
+        default=512,
+        help="KV pool size as a memory budget (K and V of every layer), allocated once at start",
+    )
+    p.add_argument(
+        "--disable-prefix-cache",
+        action="store_true",
+        help="do not share KV of common prefixes across requests (radix cache off)",
     )
     p.add_argument("--max-running-requests", type=int, default=64)
     p.add_argument("--max-waiting-requests", type=int, default=4096)
@@ -109,18 +119,17 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, int]:
         config.model, _DTYPES[config.dtype], device, config.attention_backend
     )
     dtype = next(model.parameters()).dtype
-    per_token = KVPool.bytes_per_token(
-        model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, dtype
+    shape = (model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, dtype)
+    per_token = KVPool.bytes_per_token(*shape)
+    num_tokens = config.kv_cache_tokens or KVPool.tokens_for_budget(
+        config.kv_cache_memory_mb * 2**20, *shape
     )
-    num_tokens = config.kv_cache_tokens or config.kv_cache_memory_mb * 2**20 // per_token
-    kv_pool = KVPool(
-        num_tokens,
-        model_config.num_layers,
-        model_config.num_kv_heads,
-        model_config.head_dim,
-        dtype,
-        device,
-    )
+    if num_tokens < 1:
+        raise SystemExit(
+            f"KV pool of {num_tokens} tokens: raise --kv-cache-tokens or --kv-cache-memory-mb "
+            f"(one token takes {per_token} bytes)"
+        )
+    kv_pool = KVPool(num_tokens, *shape, device)
     context = config.context_length or model_config.max_context_len
     stop_checker = StopChecker(
         load_tokenizer(config.model), set(model_config.eos_token_ids), context
@@ -134,6 +143,7 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, int]:
             max_waiting_requests=config.max_waiting_requests,
             max_num_batched_tokens=config.max_num_batched_tokens,
             context_length=context,
+            enable_prefix_cache=not config.disable_prefix_cache,
         ),
         device,
     )
@@ -166,8 +176,14 @@ async def serve(config: SchedulerProcessConfig) -> None:
     pusher = DetokenizerPusher(engine, config.detokenizer_addr)
     pusher.start()
     await process.set_ready(True)
-    await process.serve_until_signal(config.drain_timeout)
-    await pusher.stop()
+
+    async def drain() -> None:
+        # Refuse new work, finish what is queued and running, deliver its rows.
+        servicer.draining = True
+        await wait_until(lambda: engine.is_idle and pusher.is_flushed, config.drain_timeout)
+
+    await process.serve_until_signal(config.drain_timeout, on_drain=drain)
+    await pusher.close()
     engine.stop()
 
 

@@ -1,15 +1,19 @@
 """The scheduler core: continuous batching over a KV pool, no transport.
 
 ``Scheduler.step()`` runs one engine step: schedule, forward, sample, check
-stops, free what finished, and return the rows to send downstream. It is
+stops, release what finished, and return the rows to send downstream. It is
 single-threaded by contract (the engine thread owns it); tests call it directly.
+
+Scheduling per step, under a token budget: running requests first (decodes take
+one token each; a prompt being prefilled takes a chunk), retracting the
+lowest-priority, newest running request when KV runs out; then waiting requests
+in priority order, each starting from its longest cached prefix.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -21,15 +25,20 @@ from services.common.errors import (
     ResourceExhaustedError,
 )
 from services.scheduler.forward_batch import ForwardBatch
+from services.scheduler.kv_cache import KVCacheManager
 from services.scheduler.kv_pool import KVPool
-from services.scheduler.req import FinishInfo, Req, ReqStatus
-from services.scheduler.sampler import Sampler
+from services.scheduler.model.config import ModelConfig
+from services.scheduler.req import FinishInfo, LogprobEntry, Req, ReqStatus
+from services.scheduler.sampler import SampleOutput, Sampler
 from services.scheduler.stop_checker import StopChecker
+from services.scheduler.waiting_queue import WaitingQueue
 
 logger = logging.getLogger(__name__)
 
 
 class CausalLM(Protocol):
+    config: ModelConfig
+
     def forward(self, batch: ForwardBatch, kv_pool: KVPool) -> torch.Tensor: ...
 
 
@@ -39,6 +48,7 @@ class SchedulerConfig:
     max_waiting_requests: int = 4096
     max_num_batched_tokens: int = 1024  # per step: prefill chunk tokens + one per decode
     context_length: int = 4096
+    enable_prefix_cache: bool = True
 
 
 @dataclass(slots=True)
@@ -48,14 +58,18 @@ class OutputRow:
     req: Req
     new_token_ids: list[int]
     finish: FinishInfo | None
-    logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+    logprobs: list[LogprobEntry] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class StepPlan:
-    reqs: list[Req]
-    chunks: list[list[int]]  # new tokens fed per request
-    samples: list[bool]  # whether the request reaches its end and samples
+    """The requests one forward runs, with the new tokens each feeds."""
+
+    budget: int  # tokens still allowed this step
+    reqs: list[Req] = field(default_factory=list)
+    chunks: list[list[int]] = field(default_factory=list)
+    prefix_lens: list[int] = field(default_factory=list)  # tokens already in KV before this step
+    rids: set[str] = field(default_factory=set)
 
 
 class Scheduler:
@@ -69,15 +83,17 @@ class Scheduler:
     ) -> None:
         self.model = model
         self.kv_pool = kv_pool
+        self.kv = KVCacheManager(kv_pool, config.enable_prefix_cache)
         self.stop_checker = stop_checker
         self.config = config
         self.device = device
-        self.sampler = Sampler(device)
-        self.waiting: deque[Req] = deque()
+        self.sampler = Sampler(device, stop_checker.eos_token_ids)
+        self.waiting = WaitingQueue()
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
-        self._aborted_rows: list[OutputRow] = []
+        self._pending_rows: list[OutputRow] = []  # final rows produced between steps
         self.num_steps = 0
+        self.num_retractions = 0
 
     # ---- requests in and out -------------------------------------------------
 
@@ -87,141 +103,203 @@ class Scheduler:
             raise AlreadyExistsError(f"request id {req.rid!r} is already in flight", field="rid")
         if len(self.waiting) >= self.config.max_waiting_requests:
             raise ResourceExhaustedError("scheduler waiting queue is full")
-        if len(req.input_ids) + 1 > min(self.config.context_length, self.kv_pool.num_tokens):
-            raise InvalidArgumentError(
-                f"prompt of {len(req.input_ids)} tokens does not fit the context", field="prompt"
-            )
+        self._validate(req)
         if req.params.seed is not None:
             req.generator = torch.Generator(device=self.device)
             req.generator.manual_seed(req.params.seed)
         req.times.setdefault("scheduled", time.time())
         self.reqs[req.rid] = req
-        self.waiting.append(req)
+        self.waiting.push(req)
+
+    def _validate(self, req: Req) -> None:
+        """The frontend validates too; this guards the engine from any other gRPC client."""
+        vocab_size = self.model.config.vocab_size
+        if not req.input_ids:
+            raise InvalidArgumentError("prompt has no tokens", field="prompt")
+        if min(req.input_ids) < 0 or max(req.input_ids) >= vocab_size:
+            raise InvalidArgumentError(f"token ids must be in [0, {vocab_size})", field="prompt")
+        if len(req.input_ids) + 1 > min(self.config.context_length, self.kv_pool.num_tokens):
+            raise InvalidArgumentError(
+                f"prompt of {len(req.input_ids)} tokens does not fit the context",
+                field="prompt",
+            )
+        req.params.validate(vocab_size)
 
     def abort(self, rid: str, reason: str = "aborted") -> bool:
-        """Free the request's KV and slot now; emits a final ``abort`` row. Idempotent."""
+        """Release the request's KV and slot now; a final ``abort`` row follows with the
+        next step. Idempotent: False for an unknown or already finished rid."""
         req = self.reqs.get(rid)
         if req is None or req.is_finished:
             return False
-        if req.status is ReqStatus.WAITING:
-            self.waiting.remove(req)
-        else:
-            self.running.remove(req)
-        self._finish(req, FinishInfo("abort", message=reason), ReqStatus.ABORTED)
-        self._aborted_rows.append(OutputRow(req, [], req.finish))
+        self._end(req, FinishInfo("abort", message=reason), ReqStatus.ABORTED)
         return True
+
+    def flush_cache(self) -> bool:
+        """Drop all cached prefixes; refused (False) while requests are running."""
+        return not self.running and self.kv.flush()
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self._aborted_rows)
+        return bool(len(self.waiting) or self.running or self._pending_rows)
 
     # ---- one step --------------------------------------------------------------
 
+    @torch.inference_mode()
     def step(self) -> list[OutputRow]:
-        rows, self._aborted_rows = self._aborted_rows, []
         plan = self._schedule()
+        rows, self._pending_rows = self._pending_rows, []
         if plan.reqs:
             rows.extend(self._run(plan))
             self.num_steps += 1
         return rows
 
     def _schedule(self) -> StepPlan:
-        plan = StepPlan([], [], [])
-        budget = self.config.max_num_batched_tokens
-        # Decodes first: they hold KV already and each needs one token of budget.
-        for req in sorted(self.running, key=lambda r: r.num_uncomputed):
-            if budget <= 0:
-                break
-            if req.status is not ReqStatus.RUNNING:
-                continue  # retracted earlier in this loop
-            n = min(req.num_uncomputed, budget)
-            while not self.kv_pool.can_allocate(n) and self._retract_one(keep=[*plan.reqs, req]):
-                pass
-            if not self.kv_pool.can_allocate(n):
-                break
-            self._plan_chunk(plan, req, n)
-            budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_running_requests:
-            req = self.waiting[0]
-            n = min(req.num_uncomputed, budget)
-            if not self.kv_pool.can_allocate(n):
-                break
-            self.waiting.popleft()
-            req.status = ReqStatus.RUNNING
-            self.running.append(req)
-            self._plan_chunk(plan, req, n)
-            budget -= n
+        plan = StepPlan(budget=self.config.max_num_batched_tokens)
+        self._schedule_running(plan)
+        self._schedule_waiting(plan)
         return plan
 
-    def _plan_chunk(self, plan: StepPlan, req: Req, n: int) -> None:
-        start = req.num_computed
-        plan.reqs.append(req)
-        plan.chunks.append(req.fill_ids[start : start + n])
-        plan.samples.append(start + n == len(req.input_ids) + len(req.output_ids))
+    def _schedule_running(self, plan: StepPlan) -> None:
+        # Decodes first (one token each), then the next chunks of prompts being prefilled.
+        decodes = [r for r in self.running if r.num_uncomputed == 1]
+        prefills = [r for r in self.running if r.num_uncomputed > 1]
+        if len(decodes) <= plan.budget and self.kv.can_allocate(len(decodes)):
+            self._plan_decodes(plan, decodes)  # the common case: room for every decode
+        else:
+            for req in decodes:
+                if (
+                    plan.budget > 0
+                    and req.status is ReqStatus.RUNNING
+                    and self._make_room(plan, req)
+                ):
+                    self._plan_chunk(plan, req, 1)
+        for req in prefills:
+            if plan.budget <= 0:
+                return
+            if req.status is not ReqStatus.RUNNING:
+                continue  # retracted to make room for a decode
+            # A prefill chunk shrinks to fit rather than preempting anyone.
+            num = min(req.num_uncomputed, plan.budget, self.kv.num_free + self.kv.num_evictable)
+            if num > 0:
+                self._plan_chunk(plan, req, num)
 
-    def _retract_one(self, keep: list[Req]) -> bool:
-        """Preempt the newest running request not in ``keep`` back to the queue front."""
-        for victim in reversed(self.running):
-            if all(victim is not k for k in keep):
-                self.running.remove(victim)
-                self.kv_pool.free(victim.kv_slots)
-                victim.kv_slots = []
-                victim.status = ReqStatus.WAITING
-                self.waiting.appendleft(victim)
-                logger.info("retracted rid=%s to free KV", victim.rid)
-                return True
-        return False
+    def _plan_decodes(self, plan: StepPlan, reqs: list[Req]) -> None:
+        """``_plan_chunk(plan, req, 1)`` for each request, with one allocation."""
+        for req, slot in zip(reqs, self.kv.allocate(len(reqs)), strict=True):
+            start = len(req.kv_slots)
+            req.kv_slots.append(slot)
+            plan.reqs.append(req)
+            plan.chunks.append(req.token_slice(start, start + 1))
+            plan.prefix_lens.append(start)
+            plan.rids.add(req.rid)
+        plan.budget -= len(reqs)
+
+    def _make_room(self, plan: StepPlan, req: Req) -> bool:
+        """Retract others until one more token fits; end ``req`` if it never can."""
+        while not self.kv.can_allocate(1):
+            if not self._retract_one(plan, req):
+                if not plan.reqs:  # it alone holds the pool: no step can ever extend it
+                    self._end(req, FinishInfo("length", message="KV cache full"))
+                return False
+        return True
+
+    def _retract_one(self, plan: StepPlan, keep: Req) -> bool:
+        """Preempt the lowest-priority, newest running request outside the plan."""
+        victims = [r for r in self.running if r is not keep and r.rid not in plan.rids]
+        if not victims:
+            return False
+        victim = min(victims, key=lambda r: (r.priority, -(r.arrival or 0)))
+        self.running.remove(victim)
+        self.kv.release(victim)  # its KV stays cached (evictable): resuming may reuse it
+        victim.status = ReqStatus.WAITING
+        victim.num_retractions += 1
+        self.num_retractions += 1
+        self.waiting.push(victim)
+        logger.info("retracted rid=%s to free KV", victim.rid)
+        return True
+
+    def _schedule_waiting(self, plan: StepPlan) -> None:
+        sharing = [r for r in self.running if self._is_computing_prompt(r)]
+        for req in self.waiting:
+            if plan.budget <= 0 or len(self.running) >= self.config.max_running_requests:
+                return
+            if any(r.input_ids == req.input_ids for r in sharing):
+                continue  # wait for that prompt's KV to be cached, then share it
+            if not self._admit(plan, req):
+                return
+            if self._is_computing_prompt(req):
+                sharing.append(req)
+
+    def _is_computing_prompt(self, req: Req) -> bool:
+        """True while more than the last prompt token of ``req`` is still to be cached:
+        a request with the same prompt (one of n choices) admitted now would compute
+        the same KV again instead of sharing it."""
+        return self.kv.tree is not None and req.num_tree_tokens < len(req.input_ids) - 1
+
+    def _admit(self, plan: StepPlan, req: Req) -> bool:
+        num_matched = self.kv.match(req)
+        num = min(req.num_uncomputed, plan.budget)
+        if not self.kv.can_allocate(num):
+            self.kv.unmatch(req)
+            return False
+        if req.num_retractions == 0:
+            req.num_cached_tokens = min(num_matched, len(req.input_ids))
+        self.waiting.remove(req)
+        req.status = ReqStatus.RUNNING
+        self.running.append(req)
+        self._plan_chunk(plan, req, num)
+        return True
+
+    def _plan_chunk(self, plan: StepPlan, req: Req, num: int) -> None:
+        start = req.num_computed
+        req.kv_slots.extend(self.kv.allocate(num))
+        plan.reqs.append(req)
+        plan.chunks.append(req.token_slice(start, start + num))
+        plan.prefix_lens.append(start)
+        plan.rids.add(req.rid)
+        plan.budget -= num
 
     def _run(self, plan: StepPlan) -> list[OutputRow]:
-        prefix_lens = [r.num_computed for r in plan.reqs]
-        for req, chunk in zip(plan.reqs, plan.chunks, strict=True):
-            req.kv_slots.extend(self.kv_pool.allocate(len(chunk)))
         batch = ForwardBatch.build(
-            plan.chunks, prefix_lens, [r.kv_slots for r in plan.reqs], self.device
+            plan.chunks, plan.prefix_lens, [r.kv_slots for r in plan.reqs], self.device
         )
         logits = self.model.forward(batch, self.kv_pool)
-        rows_idx = [i for i, s in enumerate(plan.samples) if s]
-        if not rows_idx:
+        for req, prefix_len in zip(plan.reqs, plan.prefix_lens, strict=True):
+            if prefix_len < len(req.input_ids):
+                self.kv.cache_prefix(req)  # share the prompt as soon as it is computed
+        rows = [i for i, r in enumerate(plan.reqs) if r.num_uncomputed == 0]
+        if not rows:
             return []
-        sampling_reqs = [plan.reqs[i] for i in rows_idx]
-        tokens, logprobs = self.sampler.sample(
-            logits[rows_idx],
-            [r.params for r in sampling_reqs],
-            [r.generator for r in sampling_reqs],
-        )
-        return self._commit(sampling_reqs, tokens.tolist(), logprobs)
+        reqs = [plan.reqs[i] for i in rows]
+        if len(rows) < len(plan.reqs):
+            logits = logits[torch.tensor(rows, device=logits.device)]
+        return self._commit(reqs, self.sampler.sample(logits, reqs))
 
-    def _commit(
-        self, reqs: list[Req], tokens: list[int], logprobs: torch.Tensor
-    ) -> list[OutputRow]:
+    def _commit(self, reqs: list[Req], out: SampleOutput) -> list[OutputRow]:
         rows = []
         now = time.time()
-        for i, (req, token) in enumerate(zip(reqs, tokens, strict=True)):
+        for req, token, logprob in zip(reqs, out.token_ids, out.logprobs, strict=True):
             req.output_ids.append(token)
             req.times.setdefault("first_token", now)
-            entry = self._logprob_entry(req, token, logprobs[i]) if req.return_logprob else None
             finish = self.stop_checker.check(req)
             if finish is not None:
-                self.running.remove(req)
                 self._finish(req, finish, ReqStatus.FINISHED)
-            rows.append(OutputRow(req, [token], finish, [entry] if entry else []))
+            rows.append(OutputRow(req, [token], finish, [logprob] if logprob else []))
         return rows
 
-    @staticmethod
-    def _logprob_entry(
-        req: Req, token: int, row: torch.Tensor
-    ) -> tuple[int, float, list[tuple[int, float]]]:
-        top: list[tuple[int, float]] = []
-        if req.top_logprobs_num > 0:
-            values, ids = torch.topk(row, req.top_logprobs_num)
-            top = list(zip(ids.tolist(), values.tolist(), strict=True))
-        return token, float(row[token]), top
+    def _end(self, req: Req, finish: FinishInfo, status: ReqStatus = ReqStatus.FINISHED) -> None:
+        """End a request outside the sampling path; its final row goes out next step."""
+        self._finish(req, finish, status)
+        self._pending_rows.append(OutputRow(req, [], finish))
 
     def _finish(self, req: Req, finish: FinishInfo, status: ReqStatus) -> None:
-        """The one place a request's KV and table entry are released."""
+        """The one place a request leaves the scheduler and its KV is released."""
+        if req.status is ReqStatus.WAITING:
+            self.waiting.remove(req)
+        else:
+            self.running.remove(req)
         req.finish = finish
         req.status = status
         req.times["finished"] = time.time()
-        self.kv_pool.free(req.kv_slots)
-        req.kv_slots = []
+        self.kv.release(req)
         self.reqs.pop(req.rid, None)

@@ -42,7 +42,9 @@ class EngineStats:
     num_running: int = 0
     num_free_kv_tokens: int = 0
     num_total_kv_tokens: int = 0
+    num_cached_kv_tokens: int = 0  # in the prefix cache, shared or evictable
     num_steps: int = 0
+    num_retractions: int = 0
 
 
 class EngineThread:
@@ -64,6 +66,17 @@ class EngineThread:
         with contextlib.suppress(queue.Full):
             self.inbox.put_nowait(None)
         self._thread.join(timeout=10)
+
+    @property
+    def is_idle(self) -> bool:
+        """No request queued or running and no output waiting to be sent."""
+        return not self.scheduler.has_work and self.inbox.empty() and self.outbox.empty()
+
+    def abort_started(self, reason: str) -> None:
+        """Abort every live request whose first row has been sent downstream."""
+        for req in list(self.scheduler.reqs.values()):
+            if req.sent_init:
+                self.submit(AbortCommand(req.rid, reason, lambda _found: None))
 
     def submit(self, command: AddCommand | AbortCommand) -> None:
         """Non-blocking; RESOURCE_EXHAUSTED when the inbox is full."""
@@ -115,5 +128,7 @@ class EngineThread:
             num_running=len(s.running),
             num_free_kv_tokens=s.kv_pool.num_free,
             num_total_kv_tokens=s.kv_pool.num_tokens,
+            num_cached_kv_tokens=s.kv.num_cached,
             num_steps=s.num_steps,
+            num_retractions=s.num_retractions,
         )

@@ -42,10 +42,15 @@ class ForwardBatch:
         kv_slots: list[list[int]],
         device: torch.device | str = "cpu",
     ) -> ForwardBatch:
-        """Assemble a batch from per-request new tokens and their full slot lists."""
+        """Assemble a batch from per-request new tokens and their full slot lists.
+
+        Host lists become four device tensors (one copy each, whatever the batch size);
+        the per-request slot tensors are views of one of them.
+        """
         input_ids: list[int] = []
         positions: list[int] = []
         out_loc: list[int] = []
+        all_slots: list[int] = []
         seq_lens, extend_lens = [], []
         for ids, prefix_len, slots in zip(new_token_ids, prefix_lens, kv_slots, strict=True):
             seq_len = prefix_len + len(ids)
@@ -54,6 +59,7 @@ class ForwardBatch:
             input_ids.extend(ids)
             positions.extend(range(prefix_len, seq_len))
             out_loc.extend(slots[prefix_len:])
+            all_slots.extend(slots)
             seq_lens.append(seq_len)
             extend_lens.append(len(ids))
 
@@ -66,5 +72,5 @@ class ForwardBatch:
             out_cache_loc=as_tensor(out_loc),
             seq_lens=seq_lens,
             extend_lens=extend_lens,
-            kv_slots=[as_tensor(s) for s in kv_slots],
+            kv_slots=list(as_tensor(all_slots).split(seq_lens)),
         )

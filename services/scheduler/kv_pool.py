@@ -59,6 +59,22 @@ class KVPool:
         self.k_buffers[layer][slots] = k.to(self.k_buffers[layer].dtype)
         self.v_buffers[layer][slots] = v.to(self.v_buffers[layer].dtype)
 
+    @property
+    def num_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in (*self.k_buffers, *self.v_buffers))
+
+    @classmethod
+    def tokens_for_budget(
+        cls,
+        memory_bytes: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+    ) -> int:
+        """How many token slots fit in ``memory_bytes`` (K and V of every layer)."""
+        return memory_bytes // cls.bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+
     @staticmethod
     def bytes_per_token(
         num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from services.common.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from services.scheduler.logits_processor import PenaltyState
+    from services.scheduler.radix_cache import TreeNode
+
+# (sampled token id, its logprob, [(top token id, logprob), ...])
+LogprobEntry = tuple[int, float, list[tuple[int, float]]]
 
 
 class ReqStatus(enum.Enum):
@@ -50,20 +58,29 @@ class Req:
 
     status: ReqStatus = ReqStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
-    # Pool slots holding this request's KV, one per computed token, in order.
+    # Pool slots holding this request's KV, one per computed token, in order. The first
+    # ``num_tree_tokens`` belong to the radix cache (locked at ``cache_node``); the rest
+    # are the request's own until it inserts them.
     kv_slots: list[int] = field(default_factory=list)
+    cache_node: TreeNode | None = None
+    num_tree_tokens: int = 0
+    # Prompt tokens whose KV came from the prefix cache at first admission.
     num_cached_tokens: int = 0
+    num_retractions: int = 0
+    arrival: int | None = None  # order among equal priorities; set when first queued
     finish: FinishInfo | None = None
     sent_init: bool = False
     generator: torch.Generator | None = None
-    # Tokens produced since the last output row (usually one).
-    pending_ids: list[int] = field(default_factory=list)
-    pending_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+    penalties: PenaltyState | None = None
 
-    @property
-    def fill_ids(self) -> list[int]:
-        """Every token whose KV the request needs: prompt + generated so far."""
-        return self.input_ids + self.output_ids
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """``(input_ids + output_ids)[start:end]`` without building the whole list."""
+        num_prompt = len(self.input_ids)
+        if end <= num_prompt:
+            return self.input_ids[start:end]
+        if start >= num_prompt:
+            return self.output_ids[start - num_prompt : end - num_prompt]
+        return self.input_ids[start:] + self.output_ids[: end - num_prompt]
 
     @property
     def num_computed(self) -> int:

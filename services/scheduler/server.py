@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
-from collections.abc import AsyncIterator
 
-import grpc
-from tokenline.v1 import detokenizer_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-from services.common.errors import TokenlineError, UnavailableError, grpc_errors
+from services.common.errors import UnavailableError, grpc_errors
 from services.scheduler.engine_thread import AbortCommand, AddCommand, EngineThread
-from services.scheduler.protocol import req_from_pb, rows_to_batch_pb
+from services.scheduler.protocol import req_from_pb
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +20,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.model_name = model_name
         self.engine: EngineThread | None = None
         self.context_length = 0
+        self.draining = False
 
     def attach(self, engine: EngineThread, context_length: int) -> None:
         """Start answering: called once the model is loaded."""
@@ -32,6 +30,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     @grpc_errors
     async def AddRequest(self, request, context):  # noqa: N802 - gRPC method name
         self._check_alive()
+        if self.draining:
+            raise UnavailableError("scheduler is draining; send the request to another replica")
         error = await self._call(lambda done: AddCommand(req_from_pb(request), done))
         if error is not None:
             raise error
@@ -52,6 +52,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             num_running=stats.num_running,
             num_free_kv_tokens=stats.num_free_kv_tokens,
             num_total_kv_tokens=stats.num_total_kv_tokens,
+            num_cached_kv_tokens=stats.num_cached_kv_tokens,
             model=self.model_name,
             context_length=self.context_length,
         )
@@ -74,65 +75,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             raise UnavailableError(f"engine failed: {type(self.engine.fatal_error).__name__}")
 
 
-def _get_or_none(q: queue.Queue, timeout: float = 0.2):
-    # A bounded wait, so no executor thread stays blocked after shutdown.
-    try:
-        return q.get(timeout=timeout)
-    except queue.Empty:
-        return None
-
-
 def _resolve(future: asyncio.Future, result: object) -> None:
     if not future.done():
         future.set_result(result)
 
 
-class DetokenizerPusher:
-    """Drains the engine outbox into PushTokenBatches, reconnecting on failure.
-
-    Rows wait in the bounded outbox while the detokenizer is unreachable, so
-    the engine slows down rather than dropping output.
-    """
-
-    def __init__(self, engine: EngineThread, detokenizer_addr: str) -> None:
-        self.engine = engine
-        self.detokenizer_addr = detokenizer_addr
-        self._task: asyncio.Task | None = None
-        self._step = 0
-        self._pending = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="detokenizer-pusher")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _run(self) -> None:
-        backoff = 0.05
-        while True:
-            try:
-                async with grpc.aio.insecure_channel(self.detokenizer_addr) as channel:
-                    stub = detokenizer_pb2_grpc.DetokenizerServiceStub(channel)
-                    await stub.PushTokenBatches(self._batches())
-            except asyncio.CancelledError:
-                raise
-            except grpc.aio.AioRpcError as exc:
-                logger.warning("detokenizer stream ended: %s; reconnecting", exc.code())
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
-
-    async def _batches(self) -> AsyncIterator[scheduler_pb2.BatchTokenIDOutput]:
-        while True:
-            if self._pending is None:
-                rows = await asyncio.to_thread(_get_or_none, self.engine.outbox)
-                if rows is None:
-                    continue
-                self._step += 1
-                self._pending = rows_to_batch_pb(self._step, rows)
-            batch, self._pending = self._pending, None
-            yield batch
-
-
-__all__ = ["SchedulerServicer", "DetokenizerPusher", "TokenlineError"]
+__all__ = ["SchedulerServicer"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -15,6 +16,7 @@ from services.scheduler.req import Req
 from services.scheduler.stop_checker import StopChecker
 
 _MODELS: dict[tuple[str, torch.dtype], tuple] = {}
+_TOKENIZERS: dict[str, object] = {}
 
 
 def make_scheduler(
@@ -22,17 +24,19 @@ def make_scheduler(
     *,
     kv_tokens: int = 4096,
     dtype: torch.dtype = torch.float32,
-    **config: int,
+    **config: int | bool,
 ) -> Scheduler:
     key = (str(model_dir), dtype)
-    if key not in _MODELS:  # loading is the slow part; the model is read-only
+    if key not in _MODELS:  # loading is the slow part; model and tokenizer are read-only
         _MODELS[key] = load_model(model_dir, dtype, "cpu")
     model, model_config = _MODELS[key]
     pool = KVPool(
         kv_tokens, model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, dtype
     )
+    if str(model_dir) not in _TOKENIZERS:
+        _TOKENIZERS[str(model_dir)] = load_tokenizer(model_dir)
     stop_checker = StopChecker(
-        load_tokenizer(model_dir), set(model_config.eos_token_ids), model_config.max_context_len
+        _TOKENIZERS[str(model_dir)], set(model_config.eos_token_ids), model_config.max_context_len
     )
     return Scheduler(model, pool, stop_checker, SchedulerConfig(**config))
 
@@ -42,7 +46,10 @@ def make_req(rid: str, input_ids: list[int], **params: object) -> Req:
 
 
 def run_to_completion(
-    scheduler: Scheduler, arrivals: dict[int, list[Req]] | None = None, max_steps: int = 10_000
+    scheduler: Scheduler,
+    arrivals: dict[int, list[Req]] | None = None,
+    max_steps: int = 10_000,
+    after_step: Callable[[list[OutputRow]], None] | None = None,
 ) -> dict[str, list[int]]:
     """Step until idle, adding ``arrivals[step]`` before that step; tokens per rid."""
     arrivals = arrivals or {}
@@ -54,6 +61,25 @@ def run_to_completion(
         rows: list[OutputRow] = scheduler.step()
         for row in rows:
             tokens.setdefault(row.req.rid, []).extend(row.new_token_ids)
+        if after_step is not None:
+            after_step(rows)
         step += 1
         assert step < max_steps, "scheduler did not finish"
     return tokens
+
+
+def assert_kv_returns_to_pool(scheduler: Scheduler) -> None:
+    """Nothing holds KV: every slot is free or an unlocked cached prefix, and a flush frees all."""
+    kv = scheduler.kv
+    assert not scheduler.running and not scheduler.reqs
+    assert kv.tree is None or kv.tree.num_locked == 0
+    assert kv.num_free + kv.num_evictable == scheduler.kv_pool.num_tokens
+    assert scheduler.flush_cache()
+    assert kv.num_free == scheduler.kv_pool.num_tokens
+
+
+def assert_kv_conserved(scheduler: Scheduler) -> None:
+    """Every slot is free, in the prefix cache, or a running request's own tail."""
+    kv = scheduler.kv
+    owned = sum(len(r.kv_slots) - r.num_tree_tokens for r in scheduler.running)
+    assert kv.num_free + kv.num_cached + owned == scheduler.kv_pool.num_tokens

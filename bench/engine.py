@@ -1,0 +1,288 @@
+"""In-process engine benchmark: decode throughput vs a bare forward, and cached-prefix TTFT.
+
+``python -m bench.engine`` measures, side by side in one run:
+
+* for each concurrency C: the engine's output tokens/s while C greedy requests decode
+  (schedule + ForwardBatch + forward + sampling + stop checks, i.e. whole ``step()``
+  calls), beside the bound: the same model's bare batched decode forward of C tokens
+  at the same context length, with no scheduling or sampling. Goal: ratio >= 0.85 at
+  C >= 32.
+* TTFT of a request whose 1,000-token prefix is in the radix cache vs the same shape
+  cold. Goal: cached / cold <= 0.2.
+
+Writes ``bench/results/engine.json`` and ``bench/results/engine.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from services.common.sampling_params import SamplingParams
+from services.common.tokenizer import load_tokenizer
+from services.scheduler.engine import Scheduler, SchedulerConfig
+from services.scheduler.forward_batch import ForwardBatch
+from services.scheduler.kv_pool import KVPool
+from services.scheduler.model.loader import load_model
+from services.scheduler.req import Req
+from services.scheduler.stop_checker import StopChecker
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True, slots=True)
+class BenchArgs:
+    model: str
+    device: str
+    dtype: str
+    concurrency: list[int]
+    prompt_len: int
+    output_len: int
+    prefix_len: int
+    repeats: int
+    num_threads: int
+
+
+@dataclass(slots=True)
+class ThroughputRow:
+    concurrency: int
+    engine_tok_s: float  # decode steps only: C tokens per whole step()
+    bound_tok_s: float  # bare model.forward of the same C decode tokens, paired per step
+    ratio: float
+    end_to_end_tok_s: float  # every output token over the whole run, prefill included
+
+
+def parse_args() -> BenchArgs:
+    p = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__)
+    p.add_argument("--model", default="models/tokenline-tiny")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--prefix-len", type=int, default=1000)
+    p.add_argument("--repeats", type=int, default=2, help="runs per concurrency, summed")
+    p.add_argument("--num-threads", type=int, default=0, help="torch threads (0: default)")
+    return BenchArgs(**vars(p.parse_args()))
+
+
+def build(args: BenchArgs) -> Scheduler:
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    dtype_name = args.dtype
+    if dtype_name == "auto":
+        dtype_name = "bfloat16" if args.device.startswith("cuda") else "float32"
+    model, config = load_model(args.model, dtype_name, args.device)
+    dtype = next(model.parameters()).dtype
+    max_c = max(args.concurrency)
+    # Requests, scratch for the paired bare forwards, and the TTFT prefixes.
+    num_tokens = 2 * max_c * (args.prompt_len + args.output_len) + 4 * (args.prefix_len + 64)
+    pool = KVPool(
+        num_tokens, config.num_layers, config.num_kv_heads, config.head_dim, dtype, args.device
+    )
+    stop_checker = StopChecker(
+        load_tokenizer(args.model), set(config.eos_token_ids), config.max_context_len
+    )
+    sched_config = SchedulerConfig(max_running_requests=max_c, max_num_batched_tokens=1024)
+    return Scheduler(model, pool, stop_checker, sched_config, args.device)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def random_prompt(rng: random.Random, length: int) -> list[int]:
+    """BOS then ordinary ids (the default model's vocabulary has 129,280)."""
+    return [0, *(rng.randrange(1000, 30_000) for _ in range(length - 1))]
+
+
+def greedy_req(rid: str, input_ids: list[int], max_new_tokens: int) -> Req:
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
+    return Req(rid=rid, input_ids=input_ids, params=params)
+
+
+# ---- throughput -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class DecodeTimes:
+    engine_s: float = 0.0  # whole step() calls while all C requests decode
+    bound_s: float = 0.0  # bare forwards of the same shapes, each right after its step
+    tokens: int = 0
+    end_to_end_tok_s: float = 0.0
+
+
+def engine_decode(scheduler: Scheduler, args: BenchArgs, c: int, seed: int) -> DecodeTimes:
+    """Run C requests submitted together; pair every all-decode step with a bare forward
+    of the same batch (same sizes and context lengths), so both see the same machine load."""
+    rng = random.Random(seed)
+    for i in range(c):
+        prompt = random_prompt(rng, args.prompt_len)
+        scheduler.add_request(greedy_req(f"t{i}", prompt, args.output_len))
+    scratch = scheduler.kv_pool.allocate(c * (args.prompt_len + args.output_len))
+    times, total_tokens = DecodeTimes(), 0
+    start = time.perf_counter()
+    while scheduler.has_work:
+        running = scheduler.running
+        is_decode = len(running) == c and all(r.num_uncomputed == 1 for r in running)
+        seq_lens = [r.num_computed + 1 for r in running]
+        t0 = time.perf_counter()
+        rows = scheduler.step()
+        elapsed = time.perf_counter() - t0
+        produced = sum(len(r.new_token_ids) for r in rows)
+        total_tokens += produced
+        if is_decode:
+            times.engine_s += elapsed
+            times.tokens += produced
+            times.bound_s += bare_forward(scheduler, seq_lens, scratch, args.device)
+    times.end_to_end_tok_s = total_tokens / (time.perf_counter() - start)
+    scheduler.kv_pool.free(scratch)
+    scheduler.flush_cache()
+    return times
+
+
+def bare_forward(
+    scheduler: Scheduler, seq_lens: list[int], scratch: list[int], device: str
+) -> float:
+    """Seconds for model.forward alone on one decode token per sequence (no scheduling,
+    no sampling); K/V go to scratch slots."""
+    slots, start = [], 0
+    for n in seq_lens:
+        slots.append(scratch[start : start + n])
+        start += n
+    batch = ForwardBatch.build(
+        [[1000 + i] for i in range(len(seq_lens))], [n - 1 for n in seq_lens], slots, device
+    )
+    sync(device)
+    t0 = time.perf_counter()
+    scheduler.model.forward(batch, scheduler.kv_pool)
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def measure_throughput(scheduler: Scheduler, args: BenchArgs) -> list[ThroughputRow]:
+    engine_decode(scheduler, args, 2, seed=-1)  # warm-up
+    rows = []
+    for c in args.concurrency:
+        total = DecodeTimes()
+        for r in range(args.repeats):
+            run = engine_decode(scheduler, args, c, seed=c * 100 + r)
+            total.engine_s += run.engine_s
+            total.bound_s += run.bound_s
+            total.tokens += run.tokens
+            total.end_to_end_tok_s = max(total.end_to_end_tok_s, run.end_to_end_tok_s)
+        engine, bound = total.tokens / total.engine_s, total.tokens / total.bound_s
+        row = ThroughputRow(c, engine, bound, engine / bound, total.end_to_end_tok_s)
+        print(
+            f"C={c:4d}  engine {row.engine_tok_s:9.1f} tok/s  bound {row.bound_tok_s:9.1f} "
+            f"tok/s  ratio {row.ratio:5.2f}  (end-to-end {row.end_to_end_tok_s:8.1f} tok/s)",
+            flush=True,
+        )
+        rows.append(row)
+    return rows
+
+
+# ---- TTFT -------------------------------------------------------------------------------
+
+
+def time_to_first_token(scheduler: Scheduler, req: Req) -> float:
+    t0 = time.perf_counter()
+    scheduler.add_request(req)
+    while not req.output_ids:
+        scheduler.step()
+    elapsed = time.perf_counter() - t0
+    while scheduler.has_work:
+        scheduler.step()
+    return elapsed
+
+
+def measure_ttft(scheduler: Scheduler, args: BenchArgs, trials: int = 5) -> dict[str, float]:
+    rng = random.Random(7)
+    cold, cached, num_cached = [], [], []
+    for t in range(trials + 1):  # the first trial warms up and is dropped
+        scheduler.flush_cache()
+        prefix = random_prompt(rng, args.prefix_len)
+        first = greedy_req(f"cold{t}", prefix + random_prompt(rng, 17)[1:], 1)
+        cold_s = time_to_first_token(scheduler, first)
+        second = greedy_req(f"warm{t}", prefix + random_prompt(rng, 17)[1:], 1)
+        cached_s = time_to_first_token(scheduler, second)
+        if t:
+            cold.append(cold_s)
+            cached.append(cached_s)
+            num_cached.append(second.num_cached_tokens)
+    result = {
+        "prompt_tokens": args.prefix_len + 16,
+        "cached_tokens": statistics.median(num_cached),
+        "cold_ttft_ms": statistics.median(cold) * 1e3,
+        "cached_ttft_ms": statistics.median(cached) * 1e3,
+    }
+    result["ratio"] = result["cached_ttft_ms"] / result["cold_ttft_ms"]
+    print(
+        f"TTFT {result['prompt_tokens']} tokens: cold {result['cold_ttft_ms']:.1f} ms, "
+        f"{result['cached_tokens']:.0f} cached {result['cached_ttft_ms']:.1f} ms, "
+        f"ratio {result['ratio']:.3f}",
+        flush=True,
+    )
+    return result
+
+
+# ---- output -----------------------------------------------------------------------------
+
+
+def plot(rows: list[ThroughputRow], ttft: dict[str, float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1]})
+    xs = range(len(rows))
+    ax1.bar([x - 0.2 for x in xs], [r.bound_tok_s for r in rows], 0.4, label="bare forward")
+    ax1.bar([x + 0.2 for x in xs], [r.engine_tok_s for r in rows], 0.4, label="engine")
+    for x, r in zip(xs, rows, strict=True):
+        ax1.text(x + 0.2, r.engine_tok_s, f"{r.ratio:.0%}", ha="center", va="bottom")
+    ax1.set_xticks(list(xs), [str(r.concurrency) for r in rows])
+    ax1.set_xlabel("concurrent requests")
+    ax1.set_ylabel("output tokens/s (decode)")
+    ax1.set_yscale("log")
+    ax1.legend()
+    ax1.set_title("engine vs bare batched forward")
+    ax2.bar(["cold", "cached"], [ttft["cold_ttft_ms"], ttft["cached_ttft_ms"]])
+    ax2.set_ylabel("TTFT (ms)")
+    ax2.set_title(f"{ttft['prompt_tokens']}-token prompt, ratio {ttft['ratio']:.2f}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    args = parse_args()
+    scheduler = build(args)
+    print(
+        f"model {args.model} on {args.device}, {torch.get_num_threads()} threads; prompts "
+        f"{args.prompt_len} tokens, {args.output_len} output tokens, greedy",
+        flush=True,
+    )
+    rows = measure_throughput(scheduler, args)
+    ttft = measure_ttft(scheduler, args)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    report = {
+        "args": asdict(args),
+        "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "throughput": [asdict(r) for r in rows],
+        "ttft": ttft,
+    }
+    (RESULTS / "engine.json").write_text(json.dumps(report, indent=2))
+    plot(rows, ttft, RESULTS / "engine.png")
+    print(f"wrote {RESULTS / 'engine.json'} and {RESULTS / 'engine.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""Sampler and logits processor against references computed here, token by token."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from services.scheduler.logits_processor import LogitsProcessor
+from services.scheduler.req import Req
+from services.scheduler.sampler import Sampler
+from tests.scheduler.factories import make_req
+
+VOCAB = 12
+EOS = 1
+
+
+def random_logits(rows: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def req_with_history(
+    input_ids: list[int], output_ids: list[int], seed: int | None = None, **params: object
+) -> Req:
+    req = make_req("r", input_ids, seed=seed, **params)
+    req.output_ids = list(output_ids)
+    if seed is not None:
+        req.generator = torch.Generator().manual_seed(seed)
+    return req
+
+
+# ---- references, one token at a time ---------------------------------------------
+
+
+def reference_penalties(row: list[float], req: Req) -> list[float]:
+    p = req.params
+    out = []
+    for token, logit in enumerate(row):
+        count = req.output_ids.count(token)
+        if token in req.input_ids or count:
+            logit = logit / p.repetition_penalty if logit > 0 else logit * p.repetition_penalty
+        logit -= p.frequency_penalty * count + p.presence_penalty * (1 if count else 0)
+        out.append(logit)
+    return out
+
+
+def reference_distribution(
+    row: list[float], temperature: float, top_k: int, top_p: float, min_p: float
+) -> list[float]:
+    """Temperature, keep the k largest logits, softmax, then the top-p nucleus and min-p."""
+    scaled = [x / temperature for x in row]
+    order = sorted(range(len(row)), key=lambda t: -scaled[t])
+    kept = set(order[:top_k]) if top_k > 0 else set(order)
+    total = sum(math.exp(scaled[t]) for t in kept)
+    probs = {t: math.exp(scaled[t]) / total for t in kept}
+    nucleus, mass = set(), 0.0
+    for t in sorted(probs, key=lambda t: -probs[t]):
+        if mass >= top_p:
+            break
+        nucleus.add(t)
+        mass += probs[t]
+    top = max(probs.values())
+    final = [probs[t] if t in nucleus and probs[t] >= min_p * top else 0.0 for t in range(len(row))]
+    norm = sum(final)
+    return [x / norm for x in final]
+
+
+# ---- logits processor ----------------------------------------------------------------
+
+PENALTIES = {
+    "frequency": {"frequency_penalty": 0.7},
+    "presence": {"presence_penalty": 1.1},
+    "repetition": {"repetition_penalty": 1.6},
+    "negative_frequency": {"frequency_penalty": -0.5},
+    "all": {"frequency_penalty": 0.4, "presence_penalty": -0.3, "repetition_penalty": 0.8},
+}
+
+
+@pytest.mark.parametrize("params", PENALTIES.values(), ids=PENALTIES.keys())
+def test_penalties_match_reference(params: dict) -> None:
+    logits = random_logits(2)
+    penalised = req_with_history([2, 3, 9], [3, 3, 5, 7, 5, 3], **params)
+    plain = req_with_history([2, 3, 9], [3, 5])
+    expected = reference_penalties(logits[0].tolist(), penalised)
+    processed = logits.clone()
+    LogitsProcessor({EOS})(processed, [penalised, plain])
+    assert processed[0].tolist() == pytest.approx(expected, abs=1e-5)
+    assert torch.equal(processed[1], logits[1])  # a plain row in the same batch is untouched
+
+
+def test_penalty_counts_follow_sampled_tokens_across_steps() -> None:
+    processor = LogitsProcessor({EOS})
+    req = req_with_history([4], [], frequency_penalty=1.0)
+    for token in (6, 6, 2):
+        processor(random_logits(1), [req])
+        processor.record([req], [token])
+        req.output_ids.append(token)
+    logits = torch.zeros(1, VOCAB)
+    processor(logits, [req])
+    assert logits[0, 6] == -2.0 and logits[0, 2] == -1.0 and logits[0, 4] == 0.0
+
+
+def test_logit_bias_adds_to_the_named_tokens_only() -> None:
+    logits = random_logits(2)
+    biased = req_with_history([2], [], logit_bias={4: 5.0, 7: -100.0})
+    processed = logits.clone()
+    LogitsProcessor({EOS})(processed, [req_with_history([2], []), biased])
+    expected = logits[1].clone()
+    expected[4] += 5.0
+    expected[7] -= 100.0
+    assert torch.equal(processed[0], logits[0])
+    assert torch.allclose(processed[1], expected)
+
+
+def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
+    early = req_with_history([2], [5], min_new_tokens=3, stop_token_ids=[6])
+    early_ignore_eos = req_with_history(
+        [2], [5], min_new_tokens=3, stop_token_ids=[6], ignore_eos=True
+    )
+    reached = req_with_history([2], [5, 5, 5], min_new_tokens=3, stop_token_ids=[6])
+    logits = random_logits(3)
+    processed = logits.clone()
+    LogitsProcessor({EOS})(processed, [early, early_ignore_eos, reached])
+    inf = float("-inf")
+    assert processed[0, EOS] == inf and processed[0, 6] == inf
+    assert processed[1, EOS] == logits[1, EOS] and processed[1, 6] == inf
+    assert torch.equal(processed[2], logits[2])
+    others = [t for t in range(VOCAB) if t not in (EOS, 6)]
+    assert torch.equal(processed[:2, others], logits[:2, others])
+
+
+# ---- sampling ------------------------------------------------------------------------
+
+DISTRIBUTIONS = {
+    "temperature": dict(temperature=0.6, top_k=-1, top_p=1.0, min_p=0.0),
+    "top_k": dict(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0),
+    "top_p": dict(temperature=1.0, top_k=-1, top_p=0.7, min_p=0.0),
+    "min_p": dict(temperature=1.3, top_k=-1, top_p=1.0, min_p=0.2),
+    "combined": dict(temperature=0.8, top_k=6, top_p=0.9, min_p=0.05),
+}
+
+
+@pytest.mark.parametrize("params", DISTRIBUTIONS.values(), ids=DISTRIBUTIONS.keys())
+def test_sampling_distribution_matches_reference(params: dict) -> None:
+    logits = random_logits(1, seed=3)
+    req = req_with_history([2], [], **params)
+    weights = Sampler().sampling_weights(logits.clone(), [req])[0]
+    expected = reference_distribution(logits[0].tolist(), **params)
+    assert (weights / weights.sum()).tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_draws_follow_the_distribution() -> None:
+    """20,000 draws land on each token with its reference probability, and never on a
+    token the filters removed."""
+    params = DISTRIBUTIONS["combined"]
+    logits = random_logits(1, seed=3)
+    expected = torch.tensor(reference_distribution(logits[0].tolist(), **params))
+    sampler = Sampler()
+    rows = 4000
+    reqs = [req_with_history([2], [], **params) for _ in range(rows)]
+    counts = torch.zeros(VOCAB)
+    for _ in range(5):
+        tokens = sampler.sample(logits.expand(rows, VOCAB).clone(), reqs).token_ids
+        counts += torch.bincount(torch.tensor(tokens), minlength=VOCAB)
+    freq = counts / counts.sum()
+    assert float((freq - expected).abs().sum()) / 2 < 0.02  # total variation distance
+    assert torch.all(counts[expected == 0] == 0)
+
+
+def test_greedy_takes_argmax_after_penalties_and_bias() -> None:
+    logits = torch.zeros(2, VOCAB)
+    logits[:, 3] = 2.0
+    logits[:, 4] = 1.9
+    plain = req_with_history([0], [], temperature=0.0)
+    penalised = req_with_history([0], [3], temperature=0.0, presence_penalty=0.5)
+    assert Sampler().sample(logits, [plain, penalised]).token_ids == [3, 4]
+
+
+def test_seeded_draws_ignore_the_rest_of_the_batch() -> None:
+    logits = random_logits(4, seed=11) / 3  # flat enough that draws vary
+
+    def draw(batch_rows: list[int], seeded_row: int) -> list[int]:
+        sampler = Sampler()
+        seeded = req_with_history([2], [], seed=1234, temperature=1.0)
+        tokens = []
+        for _ in range(20):
+            reqs = [req_with_history([2], [], temperature=1.0) for _ in batch_rows]
+            reqs[seeded_row] = seeded
+            out = sampler.sample(logits[batch_rows].clone(), reqs)
+            tokens.append(out.token_ids[seeded_row])
+        return tokens
+
+    alone = draw([0], 0)
+    assert draw([1, 0, 2], 1) == alone
+    assert draw([3, 2, 1, 0], 3) == alone
+    assert len(set(alone)) > 1  # it really samples
+
+
+def test_logprobs_are_the_raw_model_distribution() -> None:
+    logits = random_logits(3, seed=5)
+    reqs = [
+        req_with_history([2], [2], temperature=0.5, top_k=2, frequency_penalty=1.5),
+        req_with_history([2], [], temperature=0.0),
+        req_with_history([2], [], temperature=1.0),
+    ]
+    reqs[0].return_logprob, reqs[0].top_logprobs_num = True, 4
+    reqs[1].return_logprob = True
+    out = Sampler().sample(logits.clone(), reqs)
+    raw = torch.log_softmax(logits, dim=-1)
+    for row in (0, 1):
+        token, logprob, top = out.logprobs[row]
+        assert token == out.token_ids[row]
+        assert logprob == pytest.approx(float(raw[row, token]), abs=1e-6)
+    _, _, top = out.logprobs[0]
+    values, ids = raw[0].topk(4)
+    assert [t for t, _ in top] == ids.tolist()
+    assert [v for _, v in top] == pytest.approx(values.tolist(), abs=1e-6)
+    assert out.logprobs[1][2] == [] and out.logprobs[2] is None

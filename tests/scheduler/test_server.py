@@ -1,0 +1,102 @@
+"""The scheduler's gRPC shell over a real engine thread: AddRequest, Abort, GetInfo."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from tokenline.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+from services.scheduler.engine import OutputRow
+from services.scheduler.engine_thread import EngineThread
+from services.scheduler.server import SchedulerServicer
+from tests.scheduler.factories import make_scheduler
+
+PROMPT = [0, *range(1000, 1120)]
+
+
+@pytest.fixture
+async def stub(default_model_dir: Path) -> AsyncIterator[tuple]:
+    engine = EngineThread(make_scheduler(default_model_dir, max_running_requests=1))
+    engine.start()
+    servicer = SchedulerServicer("tokenline-tiny")
+    servicer.attach(engine, 4096)
+    server = grpc.aio.server()
+    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    rows: list[OutputRow] = []
+    drainer = asyncio.create_task(drain(engine, rows))
+    yield scheduler_pb2_grpc.SchedulerServiceStub(channel), rows
+    drainer.cancel()
+    await channel.close()
+    await server.stop(0)
+    engine.stop()
+
+
+def request(rid: str, max_new_tokens: int) -> scheduler_pb2.TokenizedGenerateReqInput:
+    params = common_pb2.SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    return scheduler_pb2.TokenizedGenerateReqInput(
+        rid=rid, input_ids=PROMPT, sampling_params=params
+    )
+
+
+async def drain(engine: EngineThread, rows: list[OutputRow]) -> None:
+    """Stand in for the detokenizer pusher: keep the bounded outbox flowing."""
+    while True:
+        with contextlib.suppress(queue.Empty):
+            rows.extend(await asyncio.to_thread(engine.outbox.get, timeout=0.2))
+
+
+async def wait_for_finishes(rows: list[OutputRow], rids: set[str]) -> None:
+    for _ in range(300):
+        if rids <= {r.req.rid for r in rows if r.finish}:
+            return
+        await asyncio.sleep(0.1)
+    pytest.fail(f"no final rows for {rids}")
+
+
+async def info_when(client, predicate) -> scheduler_pb2.SchedulerInfo:
+    """GetInfo once the engine's published stats satisfy ``predicate`` (they lag a step)."""
+    for _ in range(300):
+        snapshot = await client.GetInfo(scheduler_pb2.ServerInfoRequest())
+        if predicate(snapshot):
+            return snapshot
+        await asyncio.sleep(0.1)
+    pytest.fail(f"scheduler info never matched: {snapshot}")
+
+
+async def test_duplicate_abort_and_info(stub: tuple) -> None:
+    client, rows = stub
+    await client.AddRequest(request("long", 10_000))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await client.AddRequest(request("long", 4))
+    assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert "rid" in info.value.details()
+    await client.AddRequest(request("queued", 4))  # max_running_requests=1: it waits
+
+    snapshot = await info_when(client, lambda s: s.num_waiting == 1)
+    assert snapshot.num_running == 1
+    assert snapshot.num_cached_kv_tokens >= len(PROMPT)  # its prompt is in the prefix cache
+    assert snapshot.num_free_kv_tokens < snapshot.num_total_kv_tokens
+
+    assert (await client.Abort(scheduler_pb2.AbortReq(rid="long", reason="test"))).found
+    assert not (await client.Abort(scheduler_pb2.AbortReq(rid="long"))).found
+    assert not (await client.Abort(scheduler_pb2.AbortReq(rid="unknown"))).found
+    await wait_for_finishes(rows, {"long", "queued"})
+    finishes = {r.req.rid: r.finish.kind for r in rows if r.finish}
+    assert finishes == {"long": "abort", "queued": "length"}
+    queued = next(r.req for r in rows if r.req.rid == "queued")
+    assert queued.num_cached_tokens == len(PROMPT) - 1  # same prompt as "long"
+
+    snapshot = await info_when(client, lambda s: s.num_running == 0)
+    assert snapshot.num_waiting == 0
+    assert (
+        snapshot.num_free_kv_tokens + snapshot.num_cached_kv_tokens == snapshot.num_total_kv_tokens
+    )
