@@ -14,13 +14,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.common.grpc_server import READINESS_SERVICE
 
 
-def main(argv: list[str] | None = None) -> int:
+def create_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokenline healthcheck", description=__doc__)
     p.add_argument("--addr", required=True, help="host:port of a tokenline gRPC service")
     p.add_argument("--service", default=READINESS_SERVICE,
                    help='health service name ("" = liveness of the whole server)')
     p.add_argument("--timeout", type=float, default=2.0)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = create_parser().parse_args(argv)
     try:
         with grpc.insecure_channel(args.addr) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(

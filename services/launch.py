@@ -8,7 +8,6 @@ stops exactly the processes it started (by PID).
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import socket
 import subprocess
@@ -21,6 +20,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.envs import env_default
 from services.common.grpc_server import READINESS_SERVICE
 
 
@@ -177,12 +177,18 @@ class LocalStack:
         self.procs.clear()
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description="run tokenline's four services on loopback")
-    p.add_argument("--model", default=os.environ.get("TOKENLINE_MODEL", "models/tokenline-tiny"))
-    p.add_argument("--host", default="127.0.0.1")
+def create_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tokenline launch", description="run tokenline's four services as local processes"
+    )
+    p.add_argument("--model", default=env_default("TOKENLINE_MODEL", "models/tokenline-tiny"))
+    p.add_argument("--host", default="127.0.0.1", help="address every service binds to")
     p.add_argument("--gateway-port", type=int, default=8000)
-    args = p.parse_args()
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = create_parser().parse_args(argv)
     stack = LocalStack(args.model, StackPorts(gateway=args.gateway_port), host=args.host)
     print("starting detokenizer, scheduler, frontend and gateway ...", flush=True)
     stack.start()

@@ -238,12 +238,18 @@ def build_default_model(out_dir: Path, *, seed: int = 0) -> Path:
     return out_dir
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def create_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tokenline build-model", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--out", type=Path, default=Path("models/tokenline-tiny"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="rebuild even if present")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = create_parser().parse_args(argv)
     if args.force:
         print(f"wrote {build_default_model(args.out, seed=args.seed)}")
         return 0

@@ -88,6 +88,17 @@ class GrpcProcess:
         self._stopping.set()
 
 
+async def wait_until(predicate: Callable[[], bool], timeout: float, poll: float = 0.05) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` passes; returns whether it held."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(poll)
+    return True
+
+
 def setup_logging(level: str = "INFO") -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

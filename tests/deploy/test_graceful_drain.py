@@ -1,0 +1,70 @@
+"""SIGTERM mid-stream: the stream completes, new requests are refused, exit 0."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from tokenline.v1 import common_pb2, frontend_pb2_grpc, generate_pb2
+
+from services.launch import LocalStack, StackPorts
+from tests.integration.conftest import dump_logs
+
+NEW_TOKENS = 48
+
+
+@pytest.fixture
+def stack(default_model_dir: Path, tmp_path: Path) -> Iterator[LocalStack]:
+    stack = LocalStack(
+        str(default_model_dir), StackPorts.free(),
+        scheduler_args=["--num-threads", "1", "--drain-timeout", "20"],
+        frontend_args=["--drain-timeout", "20"],
+        log_dir=tmp_path,
+    )
+    stack.start()
+    yield stack
+    stack.stop()
+    dump_logs(tmp_path)
+
+
+def generate_request(rid: str) -> generate_pb2.GenerateReqInput:
+    return generate_pb2.GenerateReqInput(
+        rid=rid,
+        text=["Once upon a time"],
+        sampling_params=common_pb2.SamplingParams(
+            temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=True
+        ),
+    )
+
+
+async def stream_through_sigterm(stack: LocalStack, victim: str) -> None:
+    async with grpc.aio.insecure_channel(stack.addr("frontend")) as channel:
+        stub = frontend_pb2_grpc.FrontendServiceStub(channel)
+        call = stub.GenerateStream(generate_request("drain-1"))
+        ids: list[int] = []
+        finish = None
+        async for response in call:
+            if not ids:
+                stack.procs[victim].send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.5)
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.Generate(generate_request("drain-2"), timeout=10)
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            for out in response.outputs:
+                ids.extend(out.output_ids)
+                if out.HasField("finish_reason"):
+                    finish = out.finish_reason
+        assert finish is not None and finish.kind == common_pb2.FinishReason.KIND_LENGTH
+        assert len(ids) == NEW_TOKENS
+
+
+@pytest.mark.parametrize("victim", ["scheduler", "frontend"])
+def test_sigterm_mid_stream_completes_it_refuses_new_work_and_exits_zero(
+    stack: LocalStack, victim: str
+) -> None:
+    asyncio.run(stream_through_sigterm(stack, victim))
+    assert stack.procs[victim].wait(timeout=30) == 0

@@ -1,0 +1,149 @@
+"""Deployment files checked offline: schemas, linters, and the flags they pass.
+
+No container engine runs here, so the checks are the ones a CI image would do
+before `docker compose up` or `kubectl apply`: compose against the compose
+spec, rendered kustomizations strictly against the Kubernetes schema, the
+Dockerfile through hadolint, and every command line they contain through the
+service's real argument parser.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.config import config_from_args
+from services.common import default_model
+from services import healthcheck, launch
+from services.detokenizer.__main__ import parse_args as detokenizer_args
+from services.frontend.__main__ import parse_args as frontend_args
+from services.scheduler.__main__ import parse_args as scheduler_args
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+KUSTOMIZATIONS = ["base", "overlays/cpu", "overlays/gpu"]
+
+PARSERS: dict[str, Callable[[list[str]], object]] = {
+    "gateway": config_from_args,
+    "frontend": frontend_args,
+    "scheduler": scheduler_args,
+    "detokenizer": detokenizer_args,
+    "build-model": lambda argv: default_model.create_parser().parse_args(argv),
+    "healthcheck": lambda argv: healthcheck.create_parser().parse_args(argv),
+    "launch": lambda argv: launch.create_parser().parse_args(argv),
+}
+
+
+def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kwargs)
+
+
+def render(kustomization: str) -> str:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl (with built-in kustomize) is not installed")
+    result = run(["kubectl", "kustomize", str(ROOT / "deploy" / "k8s" / kustomization)])
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def interpolate(value: str) -> str:
+    """Compose's ${VAR:-default} with the defaults, as `docker compose config` would."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+
+
+def test_compose_validates_against_compose_spec() -> None:
+    result = run([str(BIN / "check-jsonschema"), "--builtin-schema", "vendor.compose-spec",
+                  str(COMPOSE)])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_kustomization_validates_strictly(kustomization: str, tmp_path: Path) -> None:
+    rendered = tmp_path / "rendered.yaml"
+    rendered.write_text(render(kustomization))
+    result = run([str(BIN / "kubernetes-validate"), "--strict", str(rendered)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    kinds = {doc["kind"] for doc in yaml.safe_load_all(rendered.read_text())}
+    assert {"Deployment", "StatefulSet", "Service", "ConfigMap",
+            "PodDisruptionBudget", "HorizontalPodAutoscaler"} <= kinds
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    result = run([str(BIN / "hadolint"), str(DOCKERFILE)])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def compose_commands() -> list[list[str]]:
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    commands = []
+    for spec in services.values():
+        command = spec.get("command")
+        if command and command[0] in PARSERS:
+            commands.append([interpolate(str(c)) for c in command])
+        test = spec.get("healthcheck", {}).get("test", [])
+        if test[:2] == ["CMD", "tokenline"]:
+            commands.append(test[2:])
+    return commands
+
+
+def k8s_commands() -> list[list[str]]:
+    commands = []
+    for kustomization in KUSTOMIZATIONS:
+        for doc in yaml.safe_load_all(render(kustomization)):
+            pod = doc.get("spec", {}).get("template", {}).get("spec", {})
+            for container in pod.get("containers", []) + pod.get("initContainers", []):
+                commands.append(container["args"])
+    return commands
+
+
+def dockerfile_commands() -> list[list[str]]:
+    text = DOCKERFILE.read_text()
+    entrypoint = yaml.safe_load(re.search(r"^ENTRYPOINT (.+)$", text, re.M).group(1))
+    cmd = yaml.safe_load(re.search(r"^CMD (.+)$", text, re.M).group(1))
+    assert entrypoint == ["tokenline"]
+    return [cmd]
+
+
+@pytest.mark.parametrize("source", [compose_commands, k8s_commands, dockerfile_commands])
+def test_every_command_line_is_accepted_by_the_real_parser(source) -> None:
+    commands = source()
+    assert commands, f"{source.__name__} found no command lines"
+    for command in commands:
+        name, argv = command[0], command[1:]
+        assert name in PARSERS, f"unknown tokenline command {name!r}"
+        try:
+            PARSERS[name](argv)
+        except SystemExit as exc:
+            pytest.fail(f"`tokenline {' '.join(command)}` rejected by the parser ({exc})")
+
+
+def test_k8s_probes_are_grpc_on_numeric_ports_with_distinct_readiness() -> None:
+    for doc in yaml.safe_load_all(render("base")):
+        for container in doc.get("spec", {}).get("template", {}).get("spec", {}).get(
+            "containers", []
+        ):
+            if "grpc" not in container.get("readinessProbe", {}):
+                continue
+            live, ready = container["livenessProbe"]["grpc"], container["readinessProbe"]["grpc"]
+            assert isinstance(live["port"], int) and isinstance(ready["port"], int)
+            assert live.get("service", "") == ""
+            assert ready["service"] == "tokenline.readiness"
+
+
+def test_gpu_overlay_gives_each_scheduler_a_gpu_and_cpu_overlay_none() -> None:
+    def scheduler(kustomization: str) -> dict:
+        docs = yaml.safe_load_all(render(kustomization))
+        (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+        return sts["spec"]["template"]["spec"]["containers"][0]
+
+    assert scheduler("overlays/gpu")["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "nvidia.com/gpu" not in str(scheduler("overlays/cpu")["resources"])
