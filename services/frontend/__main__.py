@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -17,8 +16,12 @@ from tokenline.v1 import frontend_pb2, frontend_pb2_grpc
 from services.common.envs import env_default
 from services.common.grpc_server import GrpcProcess, setup_logging
 from services.common.tokenizer import load_tokenizer
-from services.frontend.params import ModelLimits
+from services.frontend.batch_tokenizer import DynamicBatchTokenizer
+from services.frontend.chat_template import ChatTemplate, ChatTokenization
+from services.frontend.limits import load_model_limits
+from services.frontend.metrics import FrontendMetrics
 from services.frontend.server import FrontendServicer
+from services.frontend.serving_base import ServingContext
 from services.frontend.serving_chat import ChatServing
 from services.frontend.serving_completion import CompletionServing
 from services.frontend.serving_generate import GenerateServing
@@ -39,6 +42,10 @@ class FrontendConfig:
     detokenizer_addr: str
     context_length: int
     default_max_tokens: int
+    allow_auto_truncate: bool
+    tokenizer_batch_window_ms: float
+    tokenizer_max_batch_size: int
+    chat_tokenization: ChatTokenization
     max_concurrent_rpcs: int
     drain_timeout: float
     log_level: str
@@ -82,6 +89,31 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
         help="max_tokens when a request sets none (capped by the context)",
     )
     p.add_argument(
+        "--allow-auto-truncate",
+        action="store_true",
+        help="cut a prompt's left side to fit prompt + max_tokens into the context "
+        "(default: refuse with INVALID_ARGUMENT)",
+    )
+    p.add_argument(
+        "--tokenizer-batch-window-ms",
+        type=float,
+        default=2.0,
+        help="how long concurrent encodes may gather into one tokenizer call",
+    )
+    p.add_argument(
+        "--tokenizer-max-batch-size",
+        type=int,
+        default=64,
+        help="most texts per tokenizer call",
+    )
+    p.add_argument(
+        "--chat-tokenization",
+        choices=["auto", "text", "template"],
+        default="auto",
+        help="encode the rendered chat text, or tokenize inside apply_chat_template "
+        "(auto: the latter only when the text round trip would lose control tokens)",
+    )
+    p.add_argument(
         "--max-concurrent-rpcs",
         type=int,
         default=4096,
@@ -94,28 +126,55 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
     args = p.parse_args(argv)
     if isinstance(args.scheduler_addrs, str):
         args.scheduler_addrs = _addr_list(args.scheduler_addrs)
+    if args.tokenizer_batch_window_ms < 0 or args.tokenizer_max_batch_size < 1:
+        p.error("--tokenizer-batch-window-ms must be >= 0 and --tokenizer-max-batch-size >= 1")
     return FrontendConfig(**vars(args))
 
 
-def model_limits(model_dir: str, tokenizer, config: FrontendConfig) -> ModelLimits:
-    hf_config = json.loads((Path(model_dir) / "config.json").read_text())
-    context = config.context_length or int(hf_config.get("max_position_embeddings", 4096))
-    vocab = max(int(hf_config.get("vocab_size", 0)), len(tokenizer))
-    return ModelLimits(
-        vocab_size=vocab, context_length=context, default_max_tokens=config.default_max_tokens
+def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> ServingContext:
+    """Everything the servicer shares, built once from the frozen config."""
+    tokenizer = load_tokenizer(config.model)
+    limits = load_model_limits(
+        config.model,
+        tokenizer,
+        context_length=config.context_length,
+        default_max_tokens=config.default_max_tokens,
+        allow_auto_truncate=config.allow_auto_truncate,
+    )
+    frontend_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    manager = TokenizerManager(
+        frontend_id,
+        list(config.scheduler_addrs),
+        config.detokenizer_addr,
+        on_finished=metrics.observe_times,
+    )
+    batcher = DynamicBatchTokenizer(
+        tokenizer,
+        window_s=config.tokenizer_batch_window_ms / 1000.0,
+        max_batch_size=config.tokenizer_max_batch_size,
+        on_batch=metrics.observe_batch,
+    )
+    metrics.track(lambda: len(manager.table), lambda: manager.num_aborts_sent)
+    template = (
+        ChatTemplate(tokenizer, config.chat_tokenization)
+        if getattr(tokenizer, "chat_template", None)
+        else None
+    )
+    return ServingContext(
+        tokenizer=tokenizer,
+        batcher=batcher,
+        manager=manager,
+        limits=limits,
+        model_name=config.served_model_name or Path(config.model).resolve().name,
+        chat_template=template,
     )
 
 
 async def serve(config: FrontendConfig) -> None:
-    tokenizer = load_tokenizer(config.model)
-    limits = model_limits(config.model, tokenizer, config)
-    name = config.served_model_name or Path(config.model).resolve().name
-    frontend_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    manager = TokenizerManager(frontend_id, list(config.scheduler_addrs), config.detokenizer_addr)
-    args = (tokenizer, manager, limits, name)
-    servicer = FrontendServicer(
-        ChatServing(*args), CompletionServing(*args), GenerateServing(*args)
-    )
+    ctx = create_serving_context(config, FrontendMetrics())
+    manager = ctx.manager
+    frontend_id = manager.frontend_id
+    servicer = FrontendServicer(ChatServing(ctx), CompletionServing(ctx), GenerateServing(ctx))
     process = GrpcProcess(
         host=config.host,
         port=config.port,
@@ -136,6 +195,7 @@ async def serve(config: FrontendConfig) -> None:
     await process.serve_until_signal(config.drain_timeout)
     ready_task.cancel()
     await manager.close()
+    await ctx.batcher.close()
 
 
 def main() -> None:

@@ -1,94 +1,113 @@
-"""ChatCompletionRequest -> prompt text via the model's own chat template."""
+"""The model's own chat template: ChatInput -> prompt text, or straight to ids.
+
+Normally the template renders text and the dynamic batch tokenizer encodes it
+(``add_special_tokens=False``: the template already wrote BOS and every control
+token). That round trip is only exact when encoding the rendered text gives back
+each control token as its own id. Where it does not (a tokenizer that splits
+special tokens, or one whose ``apply_chat_template`` builds ids itself, such as
+mistral-common's), tokenization happens inside ``apply_chat_template``. The
+choice is made once at start-up by two checks: every control token the
+template writes must encode to its single id, and a probe conversation must
+give the same ids both ways.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, Literal
 
 import jinja2
-from google.protobuf import json_format
-from tokenline.v1 import openai_pb2
 from transformers import PreTrainedTokenizerBase
 
 from services.common.errors import InvalidArgumentError
+from services.frontend.chat_messages import ChatInput, ContentFormat
 
-_ROLES = {"system", "developer", "user", "assistant", "tool"}
+logger = logging.getLogger(__name__)
+
+ChatTokenization = Literal["auto", "text", "template"]
+_PROBE_MARK = "tokenline-probe-7f3a"
+_PROBE = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Hello."},
+    {"role": "assistant", "content": "Hi."},
+    {"role": "user", "content": "Bye."},
+]
 
 
-def message_to_dict(msg: openai_pb2.ChatMessage, index: int) -> dict[str, Any]:
-    if msg.role not in _ROLES:
-        raise InvalidArgumentError(
-            f"messages[{index}].role {msg.role!r} is not one of {sorted(_ROLES)}", field="messages"
+class ChatTemplate:
+    """Renders a request's conversation exactly as transformers' apply_chat_template."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, tokenization: ChatTokenization = "auto"
+    ) -> None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("the tokenizer has no chat template")
+        self.tokenizer = tokenizer
+        self.content_format: ContentFormat = detect_content_format(tokenizer)
+        if tokenization == "auto":
+            self.tokenizes_in_template = loses_control_tokens(tokenizer)
+        else:
+            self.tokenizes_in_template = tokenization == "template"
+        logger.info(
+            "chat template: content=%s, tokenized %s",
+            self.content_format,
+            "inside apply_chat_template" if self.tokenizes_in_template else "from rendered text",
         )
-    out: dict[str, Any] = {"role": msg.role}
-    kind = msg.WhichOneof("content_kind")
-    if kind == "parts":
-        texts = []
-        for part in msg.parts.parts:
-            if part.type != "text":
-                raise InvalidArgumentError(
-                    f"messages[{index}]: content part type {part.type!r} is not supported",
-                    field="messages",
-                )
-            texts.append(part.text)
-        out["content"] = "".join(texts)
-    else:
-        out["content"] = msg.content if kind == "content" else ""
-    if msg.name:
-        out["name"] = msg.name
-    if msg.tool_calls:
-        out["tool_calls"] = [
-            {
-                "id": c.id,
-                "type": c.type or "function",
-                "function": {"name": c.function.name, "arguments": c.function.arguments},
-            }
-            for c in msg.tool_calls
-        ]
-    if msg.tool_call_id:
-        out["tool_call_id"] = msg.tool_call_id
-    if msg.reasoning_content:
-        out["reasoning_content"] = msg.reasoning_content
-    return out
+
+    def render(self, chat: ChatInput) -> str:
+        return self._apply(chat, tokenize=False)
+
+    def tokenize(self, chat: ChatInput) -> list[int]:
+        """Ids built by apply_chat_template itself; may be slow: run it off the loop."""
+        return list(self._apply(chat, tokenize=True))
+
+    def _apply(self, chat: ChatInput, tokenize: bool) -> Any:
+        try:
+            return self.tokenizer.apply_chat_template(
+                chat.messages,
+                tools=chat.tools,
+                add_generation_prompt=chat.add_generation_prompt,
+                continue_final_message=chat.continue_final_message,
+                tokenize=tokenize,
+                return_dict=False,
+                **chat.kwargs,
+            )
+        except (ValueError, TypeError, KeyError, IndexError, jinja2.TemplateError) as exc:
+            # A template's raise_exception() is how it says the conversation is invalid.
+            raise InvalidArgumentError(f"chat template: {exc}", field="messages") from exc
 
 
-def render_chat(
-    tokenizer: PreTrainedTokenizerBase, request: openai_pb2.ChatCompletionRequest
-) -> str:
-    """The prompt text, exactly as ``transformers``' apply_chat_template renders it."""
-    if not request.messages:
-        raise InvalidArgumentError("at least one message is required", field="messages")
-    messages = [message_to_dict(m, i) for i, m in enumerate(request.messages)]
-    tools = [json_format.MessageToDict(t, preserving_proto_field_name=True) for t in request.tools]
-    kwargs = (
-        json_format.MessageToDict(request.chat_template_kwargs)
-        if request.HasField("chat_template_kwargs")
-        else {}
-    )
-    if request.HasField("tool_choice"):
-        kwargs.setdefault("tool_choice", json_format.MessageToDict(request.tool_choice))
-    continue_final = request.continue_final_message
-    add_generation_prompt = (
-        request.add_generation_prompt
-        if request.HasField("add_generation_prompt")
-        else not continue_final
-    )
-    if continue_final and add_generation_prompt:
-        raise InvalidArgumentError(
-            "continue_final_message and add_generation_prompt cannot both be true",
-            field="continue_final_message",
-        )
-    if continue_final and messages[-1]["role"] != "assistant":
-        raise InvalidArgumentError(
-            "continue_final_message needs a final assistant message", field="messages"
-        )
+def detect_content_format(tokenizer: PreTrainedTokenizerBase) -> ContentFormat:
+    """'openai' when the template prints text parts given as a list, else 'string'."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": _PROBE_MARK}]}]
     try:
-        return tokenizer.apply_chat_template(
-            messages,
-            tools=tools or None,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final,
-            tokenize=False,
-            **kwargs,
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - any failure means lists are not supported
+        return "string"
+    return "openai" if _PROBE_MARK in text else "string"
+
+
+def loses_control_tokens(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """True when encoding the rendered text would not reproduce the template's ids."""
+    template = str(tokenizer.chat_template)
+    specials = set(tokenizer.all_special_tokens)
+    for token_id, added in tokenizer.added_tokens_decoder.items():
+        # The control tokens a template can write: those in its source, and the
+        # special tokens it reaches through variables such as bos_token.
+        if added.content not in specials and added.content not in template:
+            continue
+        if tokenizer.encode(added.content, add_special_tokens=False) != [token_id]:
+            logger.info("control token %r does not round-trip through text", added.content)
+            return True
+    return not _probe_round_trips(tokenizer)
+
+
+def _probe_round_trips(tokenizer: PreTrainedTokenizerBase) -> bool:
+    try:
+        text = tokenizer.apply_chat_template(_PROBE, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer.apply_chat_template(
+            _PROBE, tokenize=True, add_generation_prompt=True, return_dict=False
         )
-    except (ValueError, TypeError, KeyError, jinja2.TemplateError) as exc:
-        raise InvalidArgumentError(f"chat template failed: {exc}", field="messages") from exc
+    except Exception:  # noqa: BLE001 - a template that rejects the probe decides nothing
+        return True
+    return list(ids) == tokenizer.encode(text, add_special_tokens=False)

@@ -34,8 +34,10 @@ class ChoiceAccumulator:
     finish: common_pb2.FinishReason | None = None
     usage: common_pb2.Usage | None = None
     times: common_pb2.StageTimes | None = None
+    output_ids: list[int] = field(default_factory=list)
 
     def add(self, row: detokenizer_pb2.StrRow) -> None:
+        self.output_ids.extend(row.output_ids)
         if row.text:
             self.chunks.append(row.text)
         self.logprobs.extend(row.logprobs)
@@ -45,7 +47,12 @@ class ChoiceAccumulator:
             self.times = row.times
 
     @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
     def text(self) -> str:
+        """Joined once, when the response is assembled."""
         return "".join(self.chunks)
 
 

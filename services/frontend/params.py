@@ -1,13 +1,22 @@
-"""OpenAI sampling fields -> the domain SamplingParams, validated in one place."""
+"""Request sampling fields -> validated SamplingParams that fit the context.
+
+Two steps, both before anything is dispatched: ``check_sampling`` range-checks
+every field as soon as the request arrives (before templating or tokenizing);
+``fit_prompt`` runs once the prompt's length is known and either fits prompt +
+max_tokens into the context, cuts the prompt's left side (--allow-auto-truncate),
+or refuses. Errors name the field the way the client's API spells it.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from tokenline.v1 import openai_pb2
+from tokenline.v1 import common_pb2, openai_pb2
 
 from services.common.errors import InvalidArgumentError
 from services.common.sampling_params import SamplingParams
+from services.frontend.limits import ModelLimits
 
 _SAME_NAME = (
     "temperature",
@@ -26,54 +35,125 @@ _SAME_NAME = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class ModelLimits:
-    vocab_size: int
-    context_length: int
-    default_max_tokens: int
+@dataclass(slots=True)
+class RequestedParams:
+    """What the client asked for, before the prompt is known."""
+
+    params: SamplingParams
+    # The field that set the token limit ("max_tokens", "max_completion_tokens",
+    # "max_new_tokens"), or None when the server default applies.
+    limit_field: str | None
+    # How this API spells the fields SamplingParams.validate reports.
+    aliases: dict[str, str]
+
+
+@dataclass(slots=True)
+class FittedPrompt:
+    input_ids: list[int]
+    params: SamplingParams
+    num_truncated: int = 0
 
 
 def params_from_openai(
     sampling: openai_pb2.OpenAISampling, max_completion_tokens: int | None = None
-) -> tuple[SamplingParams, bool]:
-    """Returns the params and whether the client set a token limit itself."""
+) -> RequestedParams:
+    """OpenAI fields; ``max_completion_tokens`` wins over ``max_tokens`` when both are set."""
     params = SamplingParams()
     for name in _SAME_NAME:
         if sampling.HasField(name):
             setattr(params, name, getattr(sampling, name))
     if sampling.HasField("min_tokens"):
         params.min_new_tokens = sampling.min_tokens
-    limit = (
-        max_completion_tokens
-        if max_completion_tokens is not None
-        else (sampling.max_tokens if sampling.HasField("max_tokens") else None)
-    )
-    if limit is not None:
-        params.max_new_tokens = limit
+    limit_field = None
+    if max_completion_tokens is not None:
+        params.max_new_tokens, limit_field = max_completion_tokens, "max_completion_tokens"
+    elif sampling.HasField("max_tokens"):
+        params.max_new_tokens, limit_field = sampling.max_tokens, "max_tokens"
     params.stop = list(sampling.stop)
     params.stop_token_ids = list(sampling.stop_token_ids)
     params.logit_bias = dict(sampling.logit_bias)
-    return params, limit is not None
+    return RequestedParams(params, limit_field, {"max_tokens": limit_field or "max_tokens"})
 
 
-def finalize_params(
-    params: SamplingParams, has_limit: bool, num_prompt_tokens: int, limits: ModelLimits
-) -> SamplingParams:
-    """Apply the context-dependent default and check everything before dispatch."""
-    room = limits.context_length - num_prompt_tokens
-    if room < 1:
+def params_from_native(pb: common_pb2.SamplingParams) -> RequestedParams:
+    limit_field = "max_new_tokens" if pb.HasField("max_new_tokens") else None
+    aliases = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+    return RequestedParams(SamplingParams.from_pb(pb), limit_field, aliases)
+
+
+def check_sampling(requested: RequestedParams, limits: ModelLimits) -> None:
+    """Range-check every field now; the token limit is checked against the
+    context later, when the prompt's length is known."""
+    probe = _copy(requested.params)
+    if requested.limit_field is None:
+        probe.max_new_tokens = max(probe.min_new_tokens, 1)
+    _validate(probe, requested, limits)
+
+
+def fit_prompt(
+    requested: RequestedParams, input_ids: list[int], limits: ModelLimits, prompt_field: str
+) -> FittedPrompt:
+    """Final params for one prompt: token limit set, model stops merged, context respected."""
+    params = _copy(requested.params)
+    ids, num_truncated = _fit_context(requested, params, input_ids, limits, prompt_field)
+    _validate(params, requested, limits)
+    merge_stops(params, limits.stop_token_ids)
+    return FittedPrompt(ids, params, num_truncated)
+
+
+def merge_stops(params: SamplingParams, model_stop_ids: tuple[int, ...]) -> None:
+    """Request stops, de-duplicated, plus the model's stop tokens unless ignore_eos."""
+    params.stop = list(dict.fromkeys(params.stop))
+    extra = () if params.ignore_eos else model_stop_ids
+    params.stop_token_ids = list(dict.fromkeys([*params.stop_token_ids, *extra]))
+
+
+def _fit_context(
+    requested: RequestedParams,
+    params: SamplingParams,
+    ids: list[int],
+    limits: ModelLimits,
+    prompt_field: str,
+) -> tuple[list[int], int]:
+    context = limits.context_length
+    if requested.limit_field is None:
+        # Server default: as many as fit, at most default_max_tokens.
+        room = context - len(ids)
+        want = max(min(limits.default_max_tokens, context - 1), params.min_new_tokens, 1)
+        params.max_new_tokens = min(want, max(room, 0))
+        if room >= max(params.min_new_tokens, 1):
+            return ids, 0
+        params.max_new_tokens = want
+    elif len(ids) + params.max_new_tokens <= context:
+        return ids, 0
+    keep = context - params.max_new_tokens
+    if limits.allow_auto_truncate and keep >= 1:
+        return ids[-keep:], len(ids) - keep
+    if requested.limit_field is None or len(ids) >= context:
         raise InvalidArgumentError(
-            f"prompt has {num_prompt_tokens} tokens; the context length is {limits.context_length}",
-            field="messages",
+            f"the prompt has {len(ids)} tokens; the context length is {context}",
+            field=prompt_field,
         )
-    if not has_limit:
-        params.max_new_tokens = min(room, limits.default_max_tokens)
-        params.min_new_tokens = min(params.min_new_tokens, params.max_new_tokens)
-    params.validate(limits.vocab_size)
-    if params.max_new_tokens > room:
-        raise InvalidArgumentError(
-            f"prompt ({num_prompt_tokens} tokens) + max_tokens ({params.max_new_tokens}) "
-            f"exceeds the context length {limits.context_length}",
-            field="max_tokens",
-        )
-    return params
+    raise InvalidArgumentError(
+        f"prompt ({len(ids)} tokens) + {requested.limit_field} ({params.max_new_tokens}) "
+        f"exceeds the context length {context}",
+        field=requested.limit_field,
+    )
+
+
+def _validate(params: SamplingParams, requested: RequestedParams, limits: ModelLimits) -> None:
+    try:
+        params.validate(limits.vocab_size)
+    except InvalidArgumentError as exc:
+        field = requested.aliases.get(exc.field or "", exc.field)
+        message = exc.message.replace("max_tokens", requested.aliases.get("max_tokens", ""))
+        raise InvalidArgumentError(message, field=field) from None
+
+
+def _copy(params: SamplingParams) -> SamplingParams:
+    return dataclasses.replace(
+        params,
+        stop=list(params.stop),
+        stop_token_ids=list(params.stop_token_ids),
+        logit_bias=dict(params.logit_bias),
+    )

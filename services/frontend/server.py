@@ -2,14 +2,51 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any, TypeVar
 
+import grpc
 from tokenline.v1 import frontend_pb2, frontend_pb2_grpc, openai_pb2
 
 from services.common.errors import InvalidArgumentError, grpc_errors
 from services.frontend.serving_chat import ChatServing
 from services.frontend.serving_completion import CompletionServing
 from services.frontend.serving_generate import GenerateServing
+
+T = TypeVar("T")
+
+
+async def _closing_on_done(
+    context: grpc.aio.ServicerContext, stream: AsyncIterator[T]
+) -> AsyncIterator[T]:
+    """Yield from ``stream`` and make sure it is closed when the RPC ends.
+
+    A client cancel can land while the handler waits on a write, outside the
+    generator; grpc.aio then drops the generator without closing it. The done
+    callback closes it at once, so its cleanup (abort of the running choices)
+    does not wait for garbage collection.
+    """
+    agen: Any = stream
+    tasks: set[asyncio.Task] = set()
+
+    async def aclose_quietly() -> None:
+        # RuntimeError: it is still unwinding from a cancel inside it, and closes itself.
+        with contextlib.suppress(RuntimeError):
+            await agen.aclose()
+
+    def close(_: object) -> None:
+        task = asyncio.get_running_loop().create_task(aclose_quietly())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    context.add_done_callback(close)
+    async with aclosing(agen):
+        async for item in agen:
+            yield item
 
 
 class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
@@ -19,6 +56,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
         self.chat = chat
         self.completion = completion
         self.generate = generate
+        self.ctx = chat.ctx
         self.started = int(time.time())
 
     @grpc_errors
@@ -27,7 +65,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
 
     @grpc_errors
     async def ChatCompletionStream(self, request, context):  # noqa: N802
-        async for chunk in self.chat.stream(request):
+        async for chunk in _closing_on_done(context, self.chat.stream(request)):
             yield chunk
 
     @grpc_errors
@@ -36,7 +74,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
 
     @grpc_errors
     async def CompletionStream(self, request, context):  # noqa: N802
-        async for chunk in self.completion.stream(request):
+        async for chunk in _closing_on_done(context, self.completion.stream(request)):
             yield chunk
 
     @grpc_errors
@@ -45,40 +83,42 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
 
     @grpc_errors
     async def GenerateStream(self, request, context):  # noqa: N802
-        async for response in self.generate.stream(request):
+        async for response in _closing_on_done(context, self.generate.stream(request)):
             yield response
 
     @grpc_errors
     async def Tokenize(self, request, context):  # noqa: N802
-        tokens = self.chat.tokenizer.encode(
-            request.prompt, add_special_tokens=request.add_special_tokens
-        )
+        tokens = await self.ctx.batcher.encode(request.prompt, request.add_special_tokens)
         return frontend_pb2.TokenizeResponse(
-            tokens=tokens, count=len(tokens), max_model_len=self.chat.limits.context_length
+            tokens=tokens, count=len(tokens), max_model_len=self.ctx.limits.context_length
         )
 
     @grpc_errors
     async def Detokenize(self, request, context):  # noqa: N802
-        vocab = self.chat.limits.vocab_size
+        vocab = self.ctx.limits.vocab_size
         bad = [t for t in request.tokens if not 0 <= t < vocab]
         if bad:
             raise InvalidArgumentError(f"token ids outside [0, {vocab}): {bad[:5]}", field="tokens")
-        return frontend_pb2.DetokenizeResponse(prompt=self.chat.tokenizer.decode(request.tokens))
+        return frontend_pb2.DetokenizeResponse(prompt=self.ctx.tokenizer.decode(request.tokens))
 
     @grpc_errors
     async def ListModels(self, request, context):  # noqa: N802
         model = openai_pb2.Model(
-            id=self.chat.model_name,
+            id=self.ctx.model_name,
             object="model",
             created=self.started,
             owned_by="tokenline",
-            max_model_len=self.chat.limits.context_length,
+            max_model_len=self.ctx.limits.context_length,
         )
         return openai_pb2.ModelList(object="list", data=[model])
 
     @grpc_errors
     async def GetInfo(self, request, context):  # noqa: N802
+        manager, batcher = self.ctx.manager, self.ctx.batcher
         return frontend_pb2.FrontendInfo(
-            num_live_requests=len(self.chat.manager.table),
-            frontend_id=self.chat.manager.frontend_id,
+            num_live_requests=len(manager.table),
+            frontend_id=manager.frontend_id,
+            num_tokenizer_calls=batcher.num_calls,
+            num_tokenized_requests=batcher.num_requests,
+            num_aborts_sent=manager.num_aborts_sent,
         )

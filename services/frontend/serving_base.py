@@ -1,80 +1,124 @@
-"""What chat, completion and native generate serving have in common."""
+"""What chat, completion and native generate serving have in common.
+
+Every ``prepare`` follows one order so nothing reaches a scheduler unchecked:
+range-check the sampling fields, template, tokenize (dynamic batch), fit each
+prompt into the context, then fan out one scheduler request per choice.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import time
 import uuid
+from contextlib import aclosing
+from dataclasses import dataclass
 
 from tokenline.v1 import common_pb2, openai_pb2
 from transformers import PreTrainedTokenizerBase
 
 from services.common.errors import InvalidArgumentError
-from services.common.sampling_params import SamplingParams
+from services.frontend.batch_tokenizer import DynamicBatchTokenizer
+from services.frontend.chat_template import ChatTemplate
+from services.frontend.limits import ModelLimits
 from services.frontend.output import ChoiceAccumulator, LogprobFormatter
-from services.frontend.params import ModelLimits
+from services.frontend.params import FittedPrompt, RequestedParams, fit_prompt
 from services.frontend.tokenizer_manager import TokenizedRequest, TokenizerManager
+
+logger = logging.getLogger(__name__)
 
 MAX_TOP_LOGPROBS = 20
 
 
-class ServingBase:
-    def __init__(
-        self,
-        tokenizer: PreTrainedTokenizerBase,
-        manager: TokenizerManager,
-        limits: ModelLimits,
-        model_name: str,
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.manager = manager
-        self.limits = limits
-        self.model_name = model_name
-        self.logprobs = LogprobFormatter(tokenizer)
+@dataclass(frozen=True, slots=True)
+class ServingContext:
+    """The frontend's shared pieces, built once in __main__."""
 
-    async def encode(self, text: str) -> list[int]:
-        # Special tokens in the text are the template's own; BOS comes from the template.
-        return self.tokenizer.encode(text, add_special_tokens=False)
+    tokenizer: PreTrainedTokenizerBase
+    batcher: DynamicBatchTokenizer
+    manager: TokenizerManager
+    limits: ModelLimits
+    model_name: str
+    chat_template: ChatTemplate | None = None
+
+
+@dataclass(slots=True)
+class LogprobRequest:
+    enabled: bool = False
+    top: int = 0
+
+
+def new_times() -> common_pb2.StageTimes:
+    return common_pb2.StageTimes(received=time.time())
+
+
+class ServingBase:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+        self.tokenizer = ctx.tokenizer
+        self.manager = ctx.manager
+        self.limits = ctx.limits
+        self.model_name = ctx.model_name
+        self.logprobs = LogprobFormatter(ctx.tokenizer)
 
     @staticmethod
     def new_rid(request_id: str) -> str:
         return request_id or uuid.uuid4().hex
 
     @staticmethod
-    def check_logprobs(enabled: bool, top: int) -> None:
-        if not 0 <= top <= MAX_TOP_LOGPROBS:
+    def check_logprobs(logprob: LogprobRequest, field: str = "top_logprobs") -> None:
+        if not 0 <= logprob.top <= MAX_TOP_LOGPROBS:
             raise InvalidArgumentError(
-                f"must be in [0, {MAX_TOP_LOGPROBS}], got {top}", field="top_logprobs"
+                f"must be in [0, {MAX_TOP_LOGPROBS}], got {logprob.top}", field=field
             )
-        if top and not enabled:
-            raise InvalidArgumentError("top_logprobs requires logprobs=true", field="top_logprobs")
+        if logprob.top and not logprob.enabled:
+            raise InvalidArgumentError(f"{field} requires logprobs", field=field)
 
-    @staticmethod
-    def fan_out(
+    async def encode_prompts(self, texts: list[str], field: str) -> list[list[int]]:
+        """Plain prompts: the tokenizer adds BOS where the model expects it."""
+        id_lists = await self.ctx.batcher.encode_many(texts, add_special_tokens=True)
+        for j, ids in enumerate(id_lists):
+            if not ids:
+                raise InvalidArgumentError(f"prompt {j} is empty", field=field)
+        return id_lists
+
+    def check_id_lists(self, id_lists: list[list[int]], field: str) -> None:
+        if not id_lists:
+            raise InvalidArgumentError("at least one prompt is required", field=field)
+        for ids in id_lists:
+            if not ids:
+                raise InvalidArgumentError("must not be empty", field=field)
+            bad = [t for t in ids if not 0 <= t < self.limits.vocab_size]
+            if bad:
+                raise InvalidArgumentError(
+                    f"token ids outside [0, {self.limits.vocab_size}): {bad[:5]}", field=field
+                )
+
+    def build_requests(
+        self,
         rid: str,
-        input_ids: list[int],
-        params: SamplingParams,
-        logprobs: bool,
-        top: int,
+        requested: RequestedParams,
+        id_lists: list[list[int]],
+        prompt_field: str,
+        logprob: LogprobRequest,
         times: common_pb2.StageTimes,
-        prefix: str = "",
     ) -> list[TokenizedRequest]:
-        """One scheduler request per choice; seeded choices get distinct seeds."""
-        n = params.n
-        reqs = []
-        for i in range(n):
-            choice_params = SamplingParams(**{f: getattr(params, f) for f in params.__slots__})
-            choice_params.n = 1
-            if params.seed is not None:
-                choice_params.seed = params.seed + i
-            choice_rid = rid if n == 1 and not prefix else f"{rid}{prefix}-{i}"
-            reqs.append(
-                TokenizedRequest(choice_rid, input_ids, choice_params, logprobs, top, times)
-            )
+        """Fit every prompt first (all or nothing), then one request per prompt and choice."""
+        fitted = [fit_prompt(requested, ids, self.limits, prompt_field) for ids in id_lists]
+        batched = len(fitted) > 1
+        reqs: list[TokenizedRequest] = []
+        for j, prompt in enumerate(fitted):
+            prompt_rid = f"{rid}-{j}" if batched else rid
+            if prompt.num_truncated:
+                logger.info("rid=%s prompt cut by %d tokens", prompt_rid, prompt.num_truncated)
+            reqs += fan_out(prompt_rid, prompt, logprob, times)
         return reqs
 
     async def collect(self, reqs: list[TokenizedRequest]) -> list[ChoiceAccumulator]:
         accs = [ChoiceAccumulator() for _ in reqs]
-        async for index, row in self.manager.generate(reqs):
-            accs[index].add(row)
+        async with aclosing(self.manager.generate(reqs)) as rows:
+            async for index, row in rows:
+                accs[index].add(row)
         return accs
 
     @staticmethod
@@ -85,3 +129,22 @@ class ServingBase:
             completion_tokens=completion,
             total_tokens=num_prompt + completion,
         )
+
+
+def fan_out(
+    rid: str, prompt: FittedPrompt, logprob: LogprobRequest, times: common_pb2.StageTimes
+) -> list[TokenizedRequest]:
+    """One scheduler request per choice: ``rid`` alone, or ``<rid>-<i>`` when n > 1;
+    a seeded request gives choice i the seed ``seed + i`` so choices differ."""
+    params = prompt.params
+    reqs = []
+    for i in range(params.n):
+        seed = None if params.seed is None else (params.seed + i) % 2**63
+        choice = dataclasses.replace(params, n=1, seed=seed)
+        choice_rid = rid if params.n == 1 else f"{rid}-{i}"
+        reqs.append(
+            TokenizedRequest(
+                choice_rid, prompt.input_ids, choice, logprob.enabled, logprob.top, times
+            )
+        )
+    return reqs

@@ -2,49 +2,73 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
 
 from tokenline.v1 import common_pb2, openai_pb2
 
-from services.frontend.chat_template import render_chat
-from services.frontend.output import (
-    finish_name,
-    set_matched_stop,
-    usage_of,
-)
-from services.frontend.params import finalize_params, params_from_openai
-from services.frontend.serving_base import ServingBase
+from services.common.errors import UnavailableError
+from services.frontend.chat_messages import ChatInput, chat_input
+from services.frontend.chat_template import ChatTemplate
+from services.frontend.output import finish_name, set_matched_stop, usage_of
+from services.frontend.params import check_sampling, params_from_openai
+from services.frontend.serving_base import LogprobRequest, ServingBase, new_times
 from services.frontend.tokenizer_manager import TokenizedRequest
 
 
+@dataclass(slots=True)
+class PreparedChat:
+    rid: str
+    reqs: list[TokenizedRequest]
+    logprob: LogprobRequest
+
+
 class ChatServing(ServingBase):
-    async def prepare(
-        self, request: openai_pb2.ChatCompletionRequest
-    ) -> tuple[str, list[TokenizedRequest]]:
-        times = common_pb2.StageTimes(received=time.time())
-        prompt = render_chat(self.tokenizer, request)
-        times.templated = time.time()
-        input_ids = await self.encode(prompt)
-        times.tokenized = time.time()
+    async def prepare(self, request: openai_pb2.ChatCompletionRequest) -> PreparedChat:
+        times = new_times()
         max_completion = (
             request.max_completion_tokens if request.HasField("max_completion_tokens") else None
         )
-        params, has_limit = params_from_openai(request.sampling, max_completion)
-        params = finalize_params(params, has_limit, len(input_ids), self.limits)
+        requested = params_from_openai(request.sampling, max_completion)
+        check_sampling(requested, self.limits)
         top = request.top_logprobs if request.HasField("top_logprobs") else 0
-        self.check_logprobs(request.logprobs, top)
+        logprob = LogprobRequest(request.logprobs, top)
+        self.check_logprobs(logprob)
+        template = self._template()
+        ids = await self._tokenize(template, chat_input(request, template.content_format), times)
         rid = self.new_rid(request.request_id)
-        reqs = self.fan_out(rid, input_ids, params, request.logprobs, top, times)
-        return rid, reqs
+        reqs = self.build_requests(rid, requested, [ids], "messages", logprob, times)
+        return PreparedChat(rid, reqs, logprob)
+
+    def _template(self) -> ChatTemplate:
+        if self.ctx.chat_template is None:
+            raise UnavailableError("this model has no chat template; use completions")
+        return self.ctx.chat_template
+
+    async def _tokenize(
+        self, template: ChatTemplate, chat: ChatInput, times: common_pb2.StageTimes
+    ) -> list[int]:
+        if template.tokenizes_in_template:
+            ids = await self.ctx.batcher.run(functools.partial(template.tokenize, chat))
+            times.templated = times.tokenized = time.time()
+            return ids
+        prompt = template.render(chat)
+        times.templated = time.time()
+        # The template wrote BOS and every control token itself.
+        ids = await self.ctx.batcher.encode(prompt, add_special_tokens=False)
+        times.tokenized = time.time()
+        return ids
 
     async def complete(
         self, request: openai_pb2.ChatCompletionRequest
     ) -> openai_pb2.ChatCompletion:
-        rid, reqs = await self.prepare(request)
-        accs = await self.collect(reqs)
+        prep = await self.prepare(request)
+        accs = await self.collect(prep.reqs)
         response = openai_pb2.ChatCompletion(
-            id=f"chatcmpl-{rid}",
+            id=f"chatcmpl-{prep.rid}",
             object="chat.completion",
             created=int(time.time()),
             model=self.model_name,
@@ -55,7 +79,7 @@ class ChatServing(ServingBase):
             choice.message.role = "assistant"
             choice.message.content = acc.text
             set_matched_stop(choice, acc.finish)
-            if request.logprobs:
+            if prep.logprob.enabled:
                 choice.logprobs.CopyFrom(self.logprobs.chat_entries(acc.logprobs))
         if accs and accs[0].times is not None:
             response.times.CopyFrom(accs[0].times)
@@ -64,48 +88,68 @@ class ChatServing(ServingBase):
     async def stream(
         self, request: openai_pb2.ChatCompletionRequest
     ) -> AsyncIterator[openai_pb2.ChatCompletionChunk]:
-        rid, reqs = await self.prepare(request)
-        created = int(time.time())
+        prep = await self.prepare(request)
+        chunks = _ChunkMaker(prep.rid, self.model_name, int(time.time()))
         include_usage = request.stream_options.include_usage
-        continuous = request.stream_options.continuous_usage_stats
+        # vLLM's rule: per-chunk usage only when usage was asked for at all.
+        continuous = include_usage and request.stream_options.continuous_usage_stats
+        num_prompt = len(prep.reqs[0].input_ids)
+        yield chunks.role_chunk(len(prep.reqs))
+        usages: list[common_pb2.Usage] = []
+        num_out = [0] * len(prep.reqs)
+        async with aclosing(self.manager.generate(prep.reqs)) as rows:
+            async for index, row in rows:
+                num_out[index] += len(row.output_ids)
+                usage = self.running_usage(num_prompt, num_out) if continuous else None
+                if row.text or row.logprobs:
+                    out = chunks.make(usage)
+                    choice = out.choices.add(index=index)
+                    choice.delta.content = row.text
+                    if prep.logprob.enabled:
+                        choice.logprobs.CopyFrom(self.logprobs.chat_entries(list(row.logprobs)))
+                    yield out
+                if row.HasField("finish_reason"):
+                    usages.append(row.usage)
+                    yield chunks.finish_chunk(index, row.finish_reason, usage)
+        if include_usage:
+            yield chunks.make(usage_of(usages))
 
-        def chunk() -> openai_pb2.ChatCompletionChunk:
-            return openai_pb2.ChatCompletionChunk(
-                id=f"chatcmpl-{rid}",
-                object="chat.completion.chunk",
-                created=created,
-                model=self.model_name,
-            )
 
-        first = chunk()
-        for i in range(len(reqs)):
-            first.choices.add(index=i).delta.MergeFrom(
+@dataclass(frozen=True, slots=True)
+class _ChunkMaker:
+    rid: str
+    model: str
+    created: int
+
+    def make(
+        self, usage: openai_pb2.CompletionUsage | None = None
+    ) -> openai_pb2.ChatCompletionChunk:
+        chunk = openai_pb2.ChatCompletionChunk(
+            id=f"chatcmpl-{self.rid}",
+            object="chat.completion.chunk",
+            created=self.created,
+            model=self.model,
+        )
+        if usage is not None:
+            chunk.usage.CopyFrom(usage)
+        return chunk
+
+    def role_chunk(self, num_choices: int) -> openai_pb2.ChatCompletionChunk:
+        chunk = self.make()
+        for i in range(num_choices):
+            chunk.choices.add(index=i).delta.MergeFrom(
                 openai_pb2.ChatDelta(role="assistant", content="")
             )
-        yield first
-        usages: list[common_pb2.Usage] = []
-        num_out = [0] * len(reqs)
-        async for index, row in self.manager.generate(reqs):
-            num_out[index] += len(row.output_ids)
-            if row.text or row.logprobs:
-                out = chunk()
-                choice = out.choices.add(index=index)
-                choice.delta.content = row.text
-                if request.logprobs:
-                    choice.logprobs.CopyFrom(self.logprobs.chat_entries(list(row.logprobs)))
-                if continuous:
-                    out.usage.CopyFrom(self.running_usage(len(reqs[0].input_ids), num_out))
-                yield out
-            if row.HasField("finish_reason"):
-                usages.append(row.usage)
-                out = chunk()
-                done = out.choices.add(index=index, finish_reason=finish_name(row.finish_reason))
-                done.delta.SetInParent()
-                set_matched_stop(done, row.finish_reason)
-                if continuous:
-                    out.usage.CopyFrom(self.running_usage(len(reqs[0].input_ids), num_out))
-                yield out
-        if include_usage:
-            last = chunk()
-            last.usage.CopyFrom(usage_of(usages))
-            yield last
+        return chunk
+
+    def finish_chunk(
+        self,
+        index: int,
+        finish: common_pb2.FinishReason,
+        usage: openai_pb2.CompletionUsage | None,
+    ) -> openai_pb2.ChatCompletionChunk:
+        chunk = self.make(usage)
+        done = chunk.choices.add(index=index, finish_reason=finish_name(finish))
+        done.delta.SetInParent()
+        set_matched_stop(done, finish)
+        return chunk

@@ -1,112 +1,133 @@
-"""Legacy completions: one or more prompts (text or ids), n choices each."""
+"""Legacy completions: one or more prompts (text or ids), n choices each.
+
+Choice ``j * n + i`` is choice i of prompt j, as OpenAI numbers them. ``echo``
+puts the prompt's text before the completion; ``suffix`` (insertion) is refused.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
 
-from tokenline.v1 import common_pb2, openai_pb2
+from tokenline.v1 import openai_pb2
 
 from services.common.errors import InvalidArgumentError
 from services.frontend.output import ChoiceAccumulator, finish_name, set_matched_stop
-from services.frontend.params import finalize_params, params_from_openai
-from services.frontend.serving_base import ServingBase
+from services.frontend.params import check_sampling, params_from_openai
+from services.frontend.serving_base import LogprobRequest, ServingBase, new_times
 from services.frontend.tokenizer_manager import TokenizedRequest
 
 
+@dataclass(slots=True)
+class PreparedCompletion:
+    rid: str
+    reqs: list[TokenizedRequest]
+    prompts: list[str]  # each prompt's text (for echo; empty strings otherwise)
+    num_prompt_tokens: int
+    logprob: LogprobRequest
+
+    @property
+    def n(self) -> int:
+        return len(self.reqs) // len(self.prompts)
+
+
 class CompletionServing(ServingBase):
-    async def prepare(
-        self, request: openai_pb2.CompletionRequest
-    ) -> tuple[str, list[TokenizedRequest], list[str], int]:
-        """Returns rid, every choice's request, each prompt's text and the prompt token total."""
-        times = common_pb2.StageTimes(received=time.time())
+    async def prepare(self, request: openai_pb2.CompletionRequest) -> PreparedCompletion:
+        times = new_times()
         if request.suffix:
             raise InvalidArgumentError("suffix is not supported by this server", field="suffix")
         if request.prompts and request.prompt_token_ids:
             raise InvalidArgumentError(
                 "give prompt as text or as token ids, not both", field="prompt"
             )
+        requested = params_from_openai(request.sampling)
+        check_sampling(requested, self.limits)
+        logprob = LogprobRequest(request.HasField("logprobs"), request.logprobs)
+        self.check_logprobs(logprob, field="logprobs")
+        times.templated = times.received  # no template stage
         if request.prompts:
-            prompts = list(request.prompts)
-            id_lists = [await self.encode_prompt(p) for p in prompts]
+            id_lists = await self.encode_prompts(list(request.prompts), "prompt")
         else:
             id_lists = [list(t.ids) for t in request.prompt_token_ids]
-            prompts = [self.tokenizer.decode(ids) for ids in id_lists]
-        if not id_lists or any(not ids for ids in id_lists):
-            raise InvalidArgumentError("prompt must not be empty", field="prompt")
+            self.check_id_lists(id_lists, "prompt")
         times.tokenized = time.time()
-        top = request.logprobs if request.HasField("logprobs") else 0
-        self.check_logprobs(request.HasField("logprobs"), top)
         rid = self.new_rid(request.request_id)
-        reqs: list[TokenizedRequest] = []
-        for j, ids in enumerate(id_lists):
-            params, has_limit = params_from_openai(request.sampling)
-            params = finalize_params(params, has_limit, len(ids), self.limits)
-            prefix = f"-p{j}" if len(id_lists) > 1 else ""
-            reqs += self.fan_out(rid, ids, params, request.HasField("logprobs"), top, times, prefix)
-        return rid, reqs, prompts, sum(len(ids) for ids in id_lists)
+        reqs = self.build_requests(rid, requested, id_lists, "prompt", logprob, times)
+        prompts = self._echo_texts(request, reqs, len(id_lists))
+        num_prompt = sum(len(r.input_ids) for r in reqs[:: len(reqs) // len(id_lists)])
+        return PreparedCompletion(rid, reqs, prompts, num_prompt, logprob)
 
-    async def encode_prompt(self, text: str) -> list[int]:
-        # Plain completions get BOS when the tokenizer would add it.
-        return self.tokenizer.encode(text)
+    def _echo_texts(
+        self, request: openai_pb2.CompletionRequest, reqs: list[TokenizedRequest], num: int
+    ) -> list[str]:
+        if not request.echo:
+            return [""] * num
+        if request.prompts:
+            return list(request.prompts)
+        n = len(reqs) // num
+        return [self.tokenizer.decode(reqs[j * n].input_ids) for j in range(num)]
 
     async def complete(self, request: openai_pb2.CompletionRequest) -> openai_pb2.Completion:
-        rid, reqs, prompts, num_prompt = await self.prepare(request)
-        accs = await self.collect(reqs)
-        n = len(reqs) // len(prompts)
+        prep = await self.prepare(request)
+        accs = await self.collect(prep.reqs)
         response = openai_pb2.Completion(
-            id=f"cmpl-{rid}",
+            id=f"cmpl-{prep.rid}",
             object="text_completion",
             created=int(time.time()),
             model=self.model_name,
-            usage=self._usage(accs, num_prompt),
+            usage=self._usage(accs, prep.num_prompt_tokens),
         )
         for i, acc in enumerate(accs):
-            head = prompts[i // n] if request.echo else ""
+            head = prep.prompts[i // prep.n]
             choice = response.choices.add(
                 index=i, text=head + acc.text, finish_reason=finish_name(acc.finish)
             )
             set_matched_stop(choice, acc.finish)
-            if request.HasField("logprobs"):
+            if prep.logprob.enabled:
                 choice.logprobs.CopyFrom(self.logprobs.completion_entries(acc.logprobs, len(head)))
+        if accs and accs[0].times is not None:
+            response.times.CopyFrom(accs[0].times)
         return response
 
     async def stream(
         self, request: openai_pb2.CompletionRequest
     ) -> AsyncIterator[openai_pb2.CompletionChunk]:
-        rid, reqs, prompts, num_prompt = await self.prepare(request)
-        created = int(time.time())
-        n = len(reqs) // len(prompts)
-
-        def chunk() -> openai_pb2.CompletionChunk:
-            return openai_pb2.CompletionChunk(
-                id=f"cmpl-{rid}",
-                object="text_completion",
-                created=created,
-                model=self.model_name,
-            )
-
+        prep = await self.prepare(request)
+        make = _chunk_maker(prep.rid, self.model_name, int(time.time()))
+        include_usage = request.stream_options.include_usage
+        continuous = include_usage and request.stream_options.continuous_usage_stats
         if request.echo:
-            head = chunk()
-            for i in range(len(reqs)):
-                head.choices.add(index=i, text=prompts[i // n])
+            head = make()
+            for i in range(len(prep.reqs)):
+                head.choices.add(index=i, text=prep.prompts[i // prep.n])
             yield head
-        accs = [ChoiceAccumulator() for _ in reqs]
-        async for index, row in self.manager.generate(reqs):
-            accs[index].add(row)
-            out = chunk()
-            choice = out.choices.add(index=index, text=row.text)
-            if request.HasField("logprobs"):
-                choice.logprobs.CopyFrom(self.logprobs.completion_entries(list(row.logprobs)))
-            if row.HasField("finish_reason"):
-                choice.finish_reason = finish_name(row.finish_reason)
-                set_matched_stop(choice, row.finish_reason)
-            if row.text or row.HasField("finish_reason") or row.logprobs:
+        accs = [ChoiceAccumulator() for _ in prep.reqs]
+        async with aclosing(self.manager.generate(prep.reqs)) as rows:
+            async for index, row in rows:
+                accs[index].add(row)
+                if not (row.text or row.HasField("finish_reason") or row.logprobs):
+                    continue
+                out = make()
+                choice = out.choices.add(index=index, text=row.text)
+                if prep.logprob.enabled:
+                    choice.logprobs.CopyFrom(self.logprobs.completion_entries(list(row.logprobs)))
+                if row.HasField("finish_reason"):
+                    choice.finish_reason = finish_name(row.finish_reason)
+                    set_matched_stop(choice, row.finish_reason)
+                if continuous:
+                    out.usage.CopyFrom(self._running(accs, prep.num_prompt_tokens))
                 yield out
-        if request.stream_options.include_usage:
-            last = chunk()
-            last.usage.CopyFrom(self._usage(accs, num_prompt))
+        if include_usage:
+            last = make()
+            last.usage.CopyFrom(self._usage(accs, prep.num_prompt_tokens))
             yield last
+
+    def _running(
+        self, accs: list[ChoiceAccumulator], num_prompt: int
+    ) -> openai_pb2.CompletionUsage:
+        return self.running_usage(num_prompt, [a.num_output_tokens for a in accs])
 
     @staticmethod
     def _usage(accs: list[ChoiceAccumulator], num_prompt: int) -> openai_pb2.CompletionUsage:
@@ -118,3 +139,12 @@ class CompletionServing(ServingBase):
             total_tokens=num_prompt + completion,
             prompt_tokens_details=openai_pb2.PromptTokensDetails(cached_tokens=cached),
         )
+
+
+def _chunk_maker(rid: str, model: str, created: int) -> Callable[[], openai_pb2.CompletionChunk]:
+    def make() -> openai_pb2.CompletionChunk:
+        return openai_pb2.CompletionChunk(
+            id=f"cmpl-{rid}", object="text_completion", created=created, model=model
+        )
+
+    return make

@@ -1,9 +1,9 @@
 """TokenizerManager: the frontend's request lifecycle.
 
-Dispatches tokenized requests to a scheduler, receives their rows from the
-detokenizer subscription, and guarantees that every ending (finish, error,
-client cancel) removes the ReqState and, if the scheduler may still hold the
-request, sends exactly one AbortReq.
+Dispatches tokenized requests to a scheduler, routes rows from the detokenizer
+subscription to their ReqState, and guarantees that every ending (finish,
+error, client cancel, lost detokenizer) removes the ReqState and, when the
+scheduler may still hold the request, sends exactly one AbortReq.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -30,6 +30,8 @@ from services.frontend.request_state import ReqState, ReqStateTable
 
 logger = logging.getLogger(__name__)
 
+_ABORT_TIMEOUT_S = 5.0
+
 
 @dataclass(slots=True)
 class TokenizedRequest:
@@ -44,9 +46,17 @@ class TokenizedRequest:
 
 
 class TokenizerManager:
-    def __init__(self, frontend_id: str, scheduler_addrs: list[str], detokenizer_addr: str) -> None:
+    def __init__(
+        self,
+        frontend_id: str,
+        scheduler_addrs: list[str],
+        detokenizer_addr: str,
+        on_finished: Callable[[common_pb2.StageTimes], None] | None = None,
+    ) -> None:
         self.frontend_id = frontend_id
         self.table = ReqStateTable()
+        self.num_aborts_sent = 0
+        self._on_finished = on_finished
         self._channels = {addr: grpc.aio.insecure_channel(addr) for addr in scheduler_addrs}
         self._stubs = {
             addr: scheduler_pb2_grpc.SchedulerServiceStub(ch) for addr, ch in self._channels.items()
@@ -54,6 +64,7 @@ class TokenizerManager:
         self._round_robin = itertools.cycle(scheduler_addrs)
         self._detok_channel = grpc.aio.insecure_channel(detokenizer_addr)
         self._subscription: asyncio.Task | None = None
+        self._cleanups: set[asyncio.Task] = set()
         self.subscribed = asyncio.Event()
 
     # ---- lifecycle of the process ----------------------------------------------
@@ -65,6 +76,7 @@ class TokenizerManager:
         if self._subscription is not None:
             self._subscription.cancel()
             await asyncio.gather(self._subscription, return_exceptions=True)
+        await asyncio.gather(*self._cleanups, return_exceptions=True)
         for channel in [*self._channels.values(), self._detok_channel]:
             await channel.close()
 
@@ -94,51 +106,57 @@ class TokenizerManager:
         for row in batch.rows:
             state = self.table.get(row.rid)
             if state is not None:
-                state.sink.put_nowait((state.index, row))
+                state.push(row)
 
     def _fail_dispatched(self, message: str) -> None:
-        """Rows of dispatched requests may be lost: end them with an error now."""
+        """Rows of dispatched requests may have been lost: end them now (they get aborted)."""
         for state in self.table.live():
-            if state.dispatched and not state.finished:
-                row = detokenizer_pb2.StrRow(
-                    rid=state.rid,
-                    finish_reason=common_pb2.FinishReason(
-                        kind=common_pb2.FinishReason.KIND_ABORT, message=message
-                    ),
-                )
-                state.sink.put_nowait((state.index, row))
+            if state.dispatched:
+                state.fail(message)
 
     # ---- one client request ----------------------------------------------------
 
     async def generate(
         self, requests: list[TokenizedRequest]
     ) -> AsyncIterator[tuple[int, detokenizer_pb2.StrRow]]:
-        """Dispatch every choice and yield (index, row) until all have finished."""
+        """Dispatch every choice, then yield (index, row) until all have finished.
+
+        A row carries everything its choice produced since the previous one, so
+        a slow consumer gets fewer, larger rows. Raises RequestAbortedError when
+        a choice was aborted. Closing the generator early (client cancel) aborts
+        the choices still running.
+        """
         if not self.subscribed.is_set():
             raise UnavailableError("frontend is not connected to the detokenizer yet")
-        sink: asyncio.Queue[tuple[int, detokenizer_pb2.StrRow]] = asyncio.Queue()
-        states: list[ReqState] = []
+        sink: asyncio.Queue[int] = asyncio.Queue()
+        times = requests[0].times or common_pb2.StageTimes()
+        states = self.table.create_all([r.rid for r in requests], sink, times)
         try:
-            for i, req in enumerate(requests):
-                states.append(self.table.create(req.rid, i, sink))
             for state, req in zip(states, requests, strict=True):
                 await self._dispatch(state, req)
             remaining = len(states)
             while remaining:
-                index, row = await sink.get()
-                if row.HasField("finish_reason"):
-                    states[index].finished = True
-                    remaining -= 1
-                    if row.finish_reason.kind == common_pb2.FinishReason.KIND_ABORT:
-                        raise RequestAbortedError(row.finish_reason.message or "request aborted")
-                yield index, row
+                for index in await _drain(sink):
+                    state = states[index]
+                    row = state.take()
+                    if state.error is not None:
+                        raise RequestAbortedError(state.error)
+                    if row.HasField("finish_reason"):
+                        remaining -= 1
+                        self._finished(row)
+                    yield index, row
         finally:
-            await self._release(states)
+            self._release(states)
+
+    def _finished(self, row: detokenizer_pb2.StrRow) -> None:
+        if self._on_finished is not None:
+            self._on_finished(row.times)
+        if row.finish_reason.kind == common_pb2.FinishReason.KIND_ABORT:
+            raise RequestAbortedError(row.finish_reason.message or "request aborted")
 
     async def _dispatch(self, state: ReqState, req: TokenizedRequest) -> None:
         addr = next(self._round_robin)
-        times = req.times or common_pb2.StageTimes()
-        times.dispatched = time.time()
+        state.times.dispatched = time.time()
         pb = scheduler_pb2.TokenizedGenerateReqInput(
             rid=req.rid,
             input_ids=req.input_ids,
@@ -147,34 +165,62 @@ class TokenizerManager:
                 return_logprob=req.return_logprob, top_logprobs_num=req.top_logprobs_num
             ),
             reply_to=self.frontend_id,
-            times=times,
+            times=state.times,
         )
         state.scheduler = addr
-        await self._stubs[addr].AddRequest(pb)
+        # From here the scheduler may hold the rid, even if this task is cancelled
+        # while the call is in flight: the call runs on, and _release waits for it.
         state.dispatched = True
+        state.dispatch_call = asyncio.ensure_future(self._stubs[addr].AddRequest(pb))
+        try:
+            await asyncio.shield(state.dispatch_call)
+        except grpc.aio.AioRpcError:
+            state.dispatched = False  # refused: nothing to abort (and the rid may be another's)
+            raise
+        state.advance("dispatched")
 
-    async def _release(self, states: list[ReqState]) -> None:
-        """Remove local state; abort what the scheduler may still be running."""
+    def _release(self, states: list[ReqState]) -> None:
+        """Remove local state now; abort what a scheduler may still run, in the background."""
         for state in states:
-            self.table.remove(state.rid)
-        pending = [s for s in states if s.dispatched and not s.finished and not s.abort_sent]
-        for state in pending:
-            state.abort_sent = True
-        if pending:
-            # Shielded: this runs while the client's call is being cancelled.
-            await asyncio.shield(self._send_aborts(pending))
+            self.table.remove(state)
+        if any(s.dispatched and not s.is_finished_by_scheduler for s in states):
+            # A task of its own: this runs while the client's call is being cancelled.
+            task = asyncio.create_task(self._abort_unfinished(states))
+            self._cleanups.add(task)
+            task.add_done_callback(self._cleanups.discard)
 
-    async def _send_aborts(self, states: list[ReqState]) -> None:
+    async def _abort_unfinished(self, states: list[ReqState]) -> None:
         for state in states:
-            try:
-                await self._stubs[state.scheduler].Abort(
-                    scheduler_pb2.AbortReq(rid=state.rid, reason="client cancelled"), timeout=5
-                )
-            except grpc.aio.AioRpcError as exc:
-                logger.warning("abort rid=%s failed: %s", state.rid, exc.code())
+            call = state.dispatch_call
+            if call is not None and not call.done():
+                await asyncio.wait([call], timeout=_ABORT_TIMEOUT_S)
+            if call is not None and call.done() and (call.cancelled() or call.exception()):
+                state.dispatched = False  # the scheduler refused it: not ours to abort
+        for state in states:
+            if state.needs_abort:
+                state.abort_sent = True
+                await self._send_abort(state)
+
+    async def _send_abort(self, state: ReqState) -> None:
+        self.num_aborts_sent += 1
+        try:
+            await self._stubs[state.scheduler].Abort(
+                scheduler_pb2.AbortReq(rid=state.rid, reason="client cancelled"),
+                timeout=_ABORT_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError as exc:
+            logger.warning("abort rid=%s failed: %s", state.rid, exc.code())
 
     async def scheduler_info(self) -> list[scheduler_pb2.SchedulerInfo]:
         return [
             await stub.GetInfo(scheduler_pb2.ServerInfoRequest(), timeout=5)
             for stub in self._stubs.values()
         ]
+
+
+async def _drain(sink: asyncio.Queue[int]) -> list[int]:
+    """Wait for news, then take every index already queued without waiting again."""
+    indices = [await sink.get()]
+    while not sink.empty():
+        indices.append(sink.get_nowait())
+    return indices

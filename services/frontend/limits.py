@@ -1,0 +1,72 @@
+"""What the frontend must know about the model to validate a request before dispatch.
+
+"Model stop tokens" means the ids that end a turn for this model whatever the
+request says (unless it sets ``ignore_eos``): ``eos_token_id`` from config.json
+and from generation_config.json (an int or a list; instruct models list their
+end-of-turn tokens there) and the tokenizer's ``eos_token_id``. vLLM uses the
+same union. The frontend merges them into every request's ``stop_token_ids`` so
+the stop set is fixed before the request reaches a scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLimits:
+    vocab_size: int
+    context_length: int
+    default_max_tokens: int
+    stop_token_ids: tuple[int, ...] = ()
+    # Cut a too-long prompt's left side instead of refusing it (--allow-auto-truncate).
+    allow_auto_truncate: bool = False
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _ids(value: Any) -> list[int]:
+    items = value if isinstance(value, list) else [value]
+    return [int(v) for v in items if v is not None]
+
+
+def model_stop_token_ids(
+    model_dir: str | Path, tokenizer: PreTrainedTokenizerBase
+) -> tuple[int, ...]:
+    """config.json eos ∪ generation_config.json eos ∪ the tokenizer's eos, in that order."""
+    path = Path(model_dir)
+    found: list[int] = []
+    for value in (
+        _read_json(path / "config.json").get("eos_token_id"),
+        _read_json(path / "generation_config.json").get("eos_token_id"),
+        tokenizer.eos_token_id,
+    ):
+        found.extend(i for i in _ids(value) if i not in found)
+    return tuple(found)
+
+
+def load_model_limits(
+    model_dir: str | Path,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    context_length: int = 0,
+    default_max_tokens: int = 1024,
+    allow_auto_truncate: bool = False,
+) -> ModelLimits:
+    """``context_length`` 0 means the model's ``max_position_embeddings``."""
+    config = _read_json(Path(model_dir) / "config.json")
+    return ModelLimits(
+        # Ids index the model's embedding table: its size is the bound, not the tokenizer's.
+        vocab_size=int(config.get("vocab_size", 0)) or len(tokenizer),
+        context_length=context_length or int(config.get("max_position_embeddings", 4096)),
+        default_max_tokens=default_max_tokens,
+        stop_token_ids=model_stop_token_ids(model_dir, tokenizer),
+        allow_auto_truncate=allow_auto_truncate,
+    )

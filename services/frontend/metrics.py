@@ -1,0 +1,69 @@
+"""The frontend's Prometheus metrics: per-stage latencies, live requests, tokenizer batching.
+
+Stage latencies come from each finished choice's StageTimes (the frontend's
+stamps plus the scheduler's), so they are the same numbers a client reads in
+the response's ``times``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from tokenline.v1 import common_pb2
+
+_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# stage name -> (start stamp, end stamp)
+STAGES: dict[str, tuple[str, str]] = {
+    "template": ("received", "templated"),
+    "tokenize": ("templated", "tokenized"),
+    "dispatch": ("tokenized", "dispatched"),
+    "queue": ("dispatched", "scheduled"),
+    "time_to_first_token": ("received", "first_token"),
+    "decode": ("first_token", "finished"),
+    "end_to_end": ("received", "finished"),
+}
+
+
+class FrontendMetrics:
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.stage_seconds = Histogram(
+            "tokenline_frontend_stage_seconds",
+            "time spent per request stage, from the StageTimes of each finished choice",
+            ["stage"],
+            buckets=_SECONDS,
+            registry=registry,
+        )
+        self.tokenizer_batch_size = Histogram(
+            "tokenline_frontend_tokenizer_batch_size",
+            "texts per tokenizer call of the dynamic batch tokenizer",
+            buckets=_BATCH,
+            registry=registry,
+        )
+        self.finished = Counter(
+            "tokenline_frontend_finished_choices",
+            "choices that reached a final row",
+            registry=registry,
+        )
+        self.live_requests = Gauge(
+            "tokenline_frontend_live_requests", "ReqStates in the table", registry=registry
+        )
+        self.aborts_sent = Gauge(
+            "tokenline_frontend_aborts_sent", "AbortReq sent to schedulers", registry=registry
+        )
+
+    def observe_times(self, times: common_pb2.StageTimes) -> None:
+        self.finished.inc()
+        for stage, (start, end) in STAGES.items():
+            begin, done = getattr(times, start), getattr(times, end)
+            if begin and done and done >= begin:
+                self.stage_seconds.labels(stage).observe(done - begin)
+
+    def observe_batch(self, size: int) -> None:
+        self.tokenizer_batch_size.observe(size)
+
+    def track(self, live: Callable[[], int], aborts: Callable[[], int]) -> None:
+        """Read gauges from their owners at scrape time."""
+        self.live_requests.set_function(live)
+        self.aborts_sent.set_function(aborts)

@@ -1,0 +1,107 @@
+"""ReqState lifecycle, coalescing of rows, and the rid table."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from tokenline.v1 import common_pb2, detokenizer_pb2
+
+from services.common.errors import AlreadyExistsError
+from services.frontend.request_state import ReqState, ReqStateTable, merged_times
+
+
+def row(text: str, ids: list[int], final: bool = False) -> detokenizer_pb2.StrRow:
+    out = detokenizer_pb2.StrRow(
+        rid="r",
+        text=text,
+        output_ids=ids,
+        logprobs=[common_pb2.TokenLogprob(token_id=i, logprob=-0.5) for i in ids],
+    )
+    if final:
+        out.finish_reason.kind = common_pb2.FinishReason.KIND_STOP
+        out.usage.completion_tokens = 4
+        out.times.scheduled = 2.0
+        out.times.finished = 5.0
+    return out
+
+
+def new_state() -> ReqState:
+    return ReqState(rid="r", index=3, sink=asyncio.Queue(), times=common_pb2.StageTimes(received=1))
+
+
+async def test_rows_gathered_before_a_take_come_out_as_one_row() -> None:
+    state = new_state()
+    for piece, ids in [("Hel", [1]), ("lo ", [2, 3]), ("世界", [4])]:
+        state.push(row(piece, ids))
+    assert state.sink.qsize() == 1 and state.sink.get_nowait() == 3  # one notice, not three
+    merged = state.take()
+    assert merged.text == "Hello 世界" and list(merged.output_ids) == [1, 2, 3, 4]
+    assert [lp.token_id for lp in merged.logprobs] == [1, 2, 3, 4]
+    assert not merged.HasField("finish_reason") and state.stage == "receiving"
+    state.push(row("!", [5], final=True))
+    last = state.take()
+    assert last.text == "!" and last.finish_reason.kind == common_pb2.FinishReason.KIND_STOP
+    assert state.stage == "finished" and state.is_finished_by_scheduler
+
+
+async def test_final_times_keep_the_frontend_stamps_and_add_the_schedulers() -> None:
+    state = new_state()
+    state.push(row("a", [1], final=True))
+    times = state.take().times
+    assert times.received == 1 and times.scheduled == 2.0 and times.finished == 5.0
+    assert times.first_token > 0  # the frontend's own stamp, the scheduler sent none
+
+
+async def test_rows_after_the_final_one_are_ignored() -> None:
+    state = new_state()
+    state.push(row("a", [1], final=True))
+    state.sink.get_nowait()
+    state.take()
+    state.push(row("late", [9]))
+    assert state.sink.empty() and state.take().text == ""
+
+
+async def test_stages_only_move_forward_and_abort_need_follows_them() -> None:
+    state = new_state()
+    assert state.stage == "created" and not state.needs_abort
+    state.dispatched = True
+    state.push(row("x", [1]))  # a row can beat the AddRequest reply
+    state.advance("dispatched")
+    assert state.stage == "receiving" and state.needs_abort
+    state.fail("detokenizer lost")
+    assert state.stage == "finished" and state.error and state.needs_abort  # still running there
+    state.abort_sent = True
+    assert not state.needs_abort
+
+
+async def test_duplicate_rids_are_refused_all_or_nothing() -> None:
+    table = ReqStateTable()
+    sink: asyncio.Queue[int] = asyncio.Queue()
+    times = common_pb2.StageTimes(received=1)
+    first = table.create_all(["a", "b"], sink, times)
+    with pytest.raises(AlreadyExistsError):
+        table.create_all(["c", "b"], sink, times)
+    assert len(table) == 2 and table.get("c") is None
+    with pytest.raises(AlreadyExistsError):
+        table.create_all(["d", "d"], sink, times)
+    assert len(table) == 2
+    first[0].times.dispatched = 9  # each choice owns its stamps
+    assert first[1].times.dispatched == 0
+
+
+async def test_remove_drops_only_the_registered_state() -> None:
+    table = ReqStateTable()
+    (state,) = table.create_all(["a"], asyncio.Queue(), common_pb2.StageTimes())
+    stranger = ReqState(rid="a", index=0, sink=asyncio.Queue())
+    table.remove(stranger)
+    assert table.get("a") is state
+    table.remove(state)
+    assert len(table) == 0 and state.stage == "removed"
+
+
+def test_merged_times_prefers_nonzero_remote_stamps() -> None:
+    local = common_pb2.StageTimes(received=1, tokenized=2, first_token=4)
+    remote = common_pb2.StageTimes(received=0, first_token=3.5, finished=6)
+    out = merged_times(local, remote)
+    assert (out.received, out.tokenized, out.first_token, out.finished) == (1, 2, 3.5, 6)

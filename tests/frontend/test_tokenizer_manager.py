@@ -1,0 +1,216 @@
+"""TokenizerManager's request lifecycle against fakes of the two services below it.
+
+FakeScheduler and FakeDetokenizer are real grpc.aio servers on loopback ports
+that record what the manager sends and play rows back on command, so every
+ending can be staged at an exact moment. The real services are exercised by
+tests/frontend/test_server.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from tokenline.v1 import (
+    common_pb2,
+    detokenizer_pb2,
+    detokenizer_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
+
+from services.common.errors import AlreadyExistsError, RequestAbortedError
+from services.common.sampling_params import SamplingParams
+from services.frontend.tokenizer_manager import TokenizedRequest, TokenizerManager
+
+
+class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.add_delay = 0.0
+        self.refuse: set[str] = set()
+        self.on_add = None
+
+    async def AddRequest(self, request, context):  # noqa: N802
+        await asyncio.sleep(self.add_delay)
+        if request.rid in self.refuse:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, "rid: in flight elsewhere")
+        self.events.append(("add", request.rid))
+        if self.on_add is not None:
+            await self.on_add(request)
+        return scheduler_pb2.AddReqAck()
+
+    async def Abort(self, request, context):  # noqa: N802
+        self.events.append(("abort", request.rid))
+        return scheduler_pb2.AbortAck(found=True)
+
+    def aborts(self) -> list[str]:
+        return [rid for kind, rid in self.events if kind == "abort"]
+
+
+class FakeDetokenizer(detokenizer_pb2_grpc.DetokenizerServiceServicer):
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[detokenizer_pb2.BatchStrOutput | None] = asyncio.Queue()
+
+    async def Subscribe(self, request, context):  # noqa: N802
+        await context.send_initial_metadata(())
+        while True:
+            batch = await self.queue.get()
+            if batch is None:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "detokenizer going away")
+            yield batch
+
+    def send(self, rid: str, text: str, final: bool = False) -> None:
+        row = detokenizer_pb2.StrRow(rid=rid, text=text, output_ids=[len(text)])
+        if final:
+            row.finish_reason.kind = common_pb2.FinishReason.KIND_STOP
+        self.queue.put_nowait(detokenizer_pb2.BatchStrOutput(rows=[row]))
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.scheduler = FakeScheduler()
+        self.detokenizer = FakeDetokenizer()
+        self.server = grpc.aio.server()
+        scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(self.scheduler, self.server)
+        detokenizer_pb2_grpc.add_DetokenizerServiceServicer_to_server(self.detokenizer, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        addr = f"127.0.0.1:{self.port}"
+        self.manager = TokenizerManager("fe-test", [addr], addr)
+
+    async def consume(self, *rids: str) -> list[tuple[int, detokenizer_pb2.StrRow]]:
+        reqs = [TokenizedRequest(rid, [5, 6, 7], SamplingParams(max_new_tokens=8)) for rid in rids]
+        return [item async for item in self.manager.generate(reqs)]
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[Harness]:
+    h = Harness()
+    await h.server.start()
+    h.manager.start()
+    await asyncio.wait_for(h.manager.subscribed.wait(), 10)
+    yield h
+    await h.manager.close()
+    await h.server.stop(None)
+
+
+async def eventually(check, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def added(h: Harness, rid: str) -> None:
+    await eventually(lambda: ("add", rid) in h.scheduler.events)
+
+
+async def test_a_finished_request_leaves_no_state_and_sends_no_abort(harness: Harness) -> None:
+    async def play(request: scheduler_pb2.TokenizedGenerateReqInput) -> None:
+        harness.detokenizer.send(request.rid, "he")
+        harness.detokenizer.send(request.rid, "llo", final=True)
+
+    harness.scheduler.on_add = play
+    rows = await harness.consume("r1")
+    assert "".join(r.text for _, r in rows) == "hello"
+    assert rows[-1][1].HasField("finish_reason")
+    await asyncio.sleep(0.1)
+    assert len(harness.manager.table) == 0 and harness.scheduler.aborts() == []
+
+
+async def test_a_consumer_that_is_behind_gets_one_coalesced_row(harness: Harness) -> None:
+    async def play(request: scheduler_pb2.TokenizedGenerateReqInput) -> None:
+        for piece in ["a", "b", "c", "d"]:
+            harness.detokenizer.send(request.rid, piece)
+        harness.detokenizer.send(request.rid, "e", final=True)
+        await asyncio.sleep(0.3)  # every row is routed before the consumer looks
+
+    harness.scheduler.on_add = play
+    rows = await harness.consume("r1")
+    assert len(rows) == 1
+    assert rows[0][1].text == "abcde" and list(rows[0][1].output_ids) == [1] * 5
+    assert rows[0][1].HasField("finish_reason")
+
+
+async def test_cancel_while_receiving_sends_exactly_one_abort(harness: Harness) -> None:
+    task = asyncio.create_task(harness.consume("r1"))
+    await added(harness, "r1")
+    harness.detokenizer.send("r1", "partial")
+    await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await eventually(lambda: harness.scheduler.aborts() == ["r1"])
+    harness.detokenizer.send("r1", "late", final=True)  # rows after the cancel change nothing
+    await asyncio.sleep(0.2)
+    assert harness.scheduler.aborts() == ["r1"] and harness.manager.num_aborts_sent == 1
+    assert len(harness.manager.table) == 0
+
+
+async def test_cancel_while_the_add_is_in_flight_aborts_after_it_lands(harness: Harness) -> None:
+    harness.scheduler.add_delay = 0.4
+    task = asyncio.create_task(harness.consume("r1"))
+    await asyncio.sleep(0.1)  # AddRequest sent, not answered yet
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert len(harness.manager.table) == 0
+    await eventually(lambda: harness.scheduler.aborts() == ["r1"])
+    assert harness.scheduler.events == [("add", "r1"), ("abort", "r1")]
+
+
+async def test_a_refused_dispatch_only_drops_local_state(harness: Harness) -> None:
+    harness.scheduler.refuse = {"r1"}
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await harness.consume("r1")
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    await asyncio.sleep(0.2)
+    assert harness.scheduler.events == [] and len(harness.manager.table) == 0
+
+
+async def test_when_one_choice_is_refused_the_dispatched_ones_are_aborted(
+    harness: Harness,
+) -> None:
+    harness.scheduler.refuse = {"r-1"}
+    with pytest.raises(grpc.aio.AioRpcError):
+        await harness.consume("r-0", "r-1")
+    await eventually(lambda: harness.scheduler.aborts() == ["r-0"])
+    await asyncio.sleep(0.1)
+    assert harness.scheduler.aborts() == ["r-0"] and len(harness.manager.table) == 0
+
+
+async def test_a_duplicate_in_flight_rid_is_refused_before_dispatch(harness: Harness) -> None:
+    first = asyncio.create_task(harness.consume("r1"))
+    await added(harness, "r1")
+    with pytest.raises(AlreadyExistsError):
+        await harness.consume("r1")
+    assert harness.scheduler.events == [("add", "r1")] and len(harness.manager.table) == 1
+    harness.detokenizer.send("r1", "done", final=True)
+    await first
+    assert len(harness.manager.table) == 0
+
+
+async def test_losing_the_detokenizer_ends_requests_and_aborts_them(harness: Harness) -> None:
+    task = asyncio.create_task(harness.consume("r1"))
+    await added(harness, "r1")
+    harness.detokenizer.queue.put_nowait(None)  # the subscription breaks
+    with pytest.raises(RequestAbortedError):
+        await task
+    await eventually(lambda: harness.scheduler.aborts() == ["r1"])
+    assert len(harness.manager.table) == 0
+
+
+async def test_a_scheduler_abort_row_ends_the_request_without_an_abort_back(
+    harness: Harness,
+) -> None:
+    async def play(request: scheduler_pb2.TokenizedGenerateReqInput) -> None:
+        row = detokenizer_pb2.StrRow(rid=request.rid)
+        row.finish_reason.kind = common_pb2.FinishReason.KIND_ABORT
+        row.finish_reason.message = "evicted"
+        harness.detokenizer.queue.put_nowait(detokenizer_pb2.BatchStrOutput(rows=[row]))
+
+    harness.scheduler.on_add = play
+    with pytest.raises(RequestAbortedError, match="evicted"):
+        await harness.consume("r1")
+    await asyncio.sleep(0.2)
+    assert harness.scheduler.aborts() == []
