@@ -17,8 +17,11 @@ from services.common.grpc_server import READINESS_SERVICE
 def create_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokenline healthcheck", description=__doc__)
     p.add_argument("--addr", required=True, help="host:port of a tokenline gRPC service")
-    p.add_argument("--service", default=READINESS_SERVICE,
-                   help='health service name ("" = liveness of the whole server)')
+    p.add_argument(
+        "--service",
+        default=READINESS_SERVICE,
+        help='health service name ("" = liveness of the whole server)',
+    )
     p.add_argument("--timeout", type=float, default=2.0)
     return p
 

@@ -20,7 +20,8 @@ NEW_TOKENS = 48
 @pytest.fixture
 def stack(default_model_dir: Path, tmp_path: Path) -> Iterator[LocalStack]:
     stack = LocalStack(
-        str(default_model_dir), StackPorts.free(),
+        str(default_model_dir),
+        StackPorts.free(),
         scheduler_args=["--num-threads", "1", "--drain-timeout", "20"],
         frontend_args=["--drain-timeout", "20"],
         log_dir=tmp_path,

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from gateway.config import config_from_args
-from services.common import default_model
 from services import healthcheck, launch
+from services.common import default_model
 from services.detokenizer.__main__ import parse_args as detokenizer_args
 from services.frontend.__main__ import parse_args as frontend_args
 from services.scheduler.__main__ import parse_args as scheduler_args
@@ -61,8 +61,9 @@ def interpolate(value: str) -> str:
 
 
 def test_compose_validates_against_compose_spec() -> None:
-    result = run([str(BIN / "check-jsonschema"), "--builtin-schema", "vendor.compose-spec",
-                  str(COMPOSE)])
+    result = run(
+        [str(BIN / "check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(COMPOSE)]
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -73,8 +74,14 @@ def test_kustomization_validates_strictly(kustomization: str, tmp_path: Path) ->
     result = run([str(BIN / "kubernetes-validate"), "--strict", str(rendered)])
     assert result.returncode == 0, result.stdout + result.stderr
     kinds = {doc["kind"] for doc in yaml.safe_load_all(rendered.read_text())}
-    assert {"Deployment", "StatefulSet", "Service", "ConfigMap",
-            "PodDisruptionBudget", "HorizontalPodAutoscaler"} <= kinds
+    assert {
+        "Deployment",
+        "StatefulSet",
+        "Service",
+        "ConfigMap",
+        "PodDisruptionBudget",
+        "HorizontalPodAutoscaler",
+    } <= kinds
 
 
 def test_dockerfile_passes_hadolint() -> None:
@@ -128,8 +135,8 @@ def test_every_command_line_is_accepted_by_the_real_parser(source) -> None:
 
 def test_k8s_probes_are_grpc_on_numeric_ports_with_distinct_readiness() -> None:
     for doc in yaml.safe_load_all(render("base")):
-        for container in doc.get("spec", {}).get("template", {}).get("spec", {}).get(
-            "containers", []
+        for container in (
+            doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
         ):
             if "grpc" not in container.get("readinessProbe", {}):
                 continue

@@ -92,10 +92,30 @@ def service_commands(hosts: Hosts, model: str) -> dict[str, list[str]]:
 
     return {
         "detokenizer": [py, "-m", "services.detokenizer", "--model", model, *bind("detokenizer")],
-        "scheduler": [py, "-m", "services.scheduler", "--model", model, *bind("scheduler"),
-                      "--detokenizer-addr", at("detokenizer"), "--num-threads", "1"],
-        "frontend": [py, "-m", "services.frontend", "--model", model, *bind("frontend"),
-                     "--scheduler-addrs", at("scheduler"), "--detokenizer-addr", at("detokenizer")],
+        "scheduler": [
+            py,
+            "-m",
+            "services.scheduler",
+            "--model",
+            model,
+            *bind("scheduler"),
+            "--detokenizer-addr",
+            at("detokenizer"),
+            "--num-threads",
+            "1",
+        ],
+        "frontend": [
+            py,
+            "-m",
+            "services.frontend",
+            "--model",
+            model,
+            *bind("frontend"),
+            "--scheduler-addrs",
+            at("scheduler"),
+            "--detokenizer-addr",
+            at("detokenizer"),
+        ],
         "gateway": [py, "-m", "gateway", *bind("gateway"), "--frontend-addr", at("frontend")],
     }
 
@@ -128,8 +148,12 @@ def test_chat_completion_across_four_hosts(
             log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
             procs[name] = hosts.run_in(name, argv, stdout=log, stderr=subprocess.STDOUT)
         base = f"http://{hosts.addr('gateway')}:{PORTS['gateway']}/v1"
-        client = hosts.run_in("client", [sys.executable, "-c", CLIENT, base],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        client = hosts.run_in(
+            "client",
+            [sys.executable, "-c", CLIENT, base],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         out, err = client.communicate(timeout=300)
         assert client.returncode == 0, err.decode()[-3000:] + _logs(tmp_path)
         result = json.loads(out.decode().strip().splitlines()[-1])
@@ -147,5 +171,7 @@ def test_chat_completion_across_four_hosts(
 
 
 def _logs(log_dir: Path) -> str:
-    return "".join(f"\n---- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
-                   for p in sorted(log_dir.glob("*.log")))
+    return "".join(
+        f"\n---- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+        for p in sorted(log_dir.glob("*.log"))
+    )

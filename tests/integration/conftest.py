@@ -19,7 +19,9 @@ def dump_logs(log_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def stack(
-    default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+    default_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> Iterator[LocalStack]:
     logs = tmp_path_factory.mktemp("stack-logs")
     stack = LocalStack(
