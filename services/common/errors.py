@@ -17,6 +17,10 @@ import grpc
 logger = logging.getLogger(__name__)
 
 
+# The abort message the detokenizer gives requests whose scheduler stream ended.
+SCHEDULER_STREAM_ENDED = "scheduler stream ended"
+
+
 class TokenlineError(Exception):
     """Base class: a client-visible error with a gRPC status code."""
 

@@ -9,7 +9,7 @@ import logging
 
 from tokenline.v1 import detokenizer_pb2, detokenizer_pb2_grpc
 
-from services.common.errors import InvalidArgumentError, grpc_errors
+from services.common.errors import SCHEDULER_STREAM_ENDED, InvalidArgumentError, grpc_errors
 from services.detokenizer.manager import DetokenizerManager, Routed
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServiceServicer):
         finally:
             # Rows of this stream's live requests may be lost with it: end them now
             # (without waiting: the handler may be cancelled).
-            released = self.manager.release_source(source, "scheduler stream ended")
+            released = self.manager.release_source(source, SCHEDULER_STREAM_ENDED)
             await self._route(released, wait=False)
         return detokenizer_pb2.PushAck(num_batches=num_batches)
 

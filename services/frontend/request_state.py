@@ -46,6 +46,7 @@ class ReqState:
     abort_sent: bool = False
     dispatch_call: asyncio.Future | None = None  # the AddRequest call while in flight
     error: str | None = None  # set when the frontend itself ends the request
+    error_unavailable: bool = False  # the error is a lost service: UNAVAILABLE, retryable
     text_chunks: list[str] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
@@ -85,11 +86,12 @@ class ReqState:
             self.advance("finished")
         self._notify()
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str, *, unavailable: bool = False) -> None:
         """End the request from the frontend's side; the scheduler may still hold it."""
         if self.is_finished:
             return
         self.error = message
+        self.error_unavailable = unavailable
         self.advance("finished")
         self._notify()
 

@@ -9,7 +9,6 @@ scheduler may still hold the request, sends exactly one AbortReq.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -24,9 +23,10 @@ from tokenline.v1 import (
     scheduler_pb2_grpc,
 )
 
-from services.common.errors import RequestAbortedError, UnavailableError
+from services.common.errors import SCHEDULER_STREAM_ENDED, RequestAbortedError, UnavailableError
 from services.common.sampling_params import SamplingParams
 from services.frontend.request_state import ReqState, ReqStateTable
+from services.frontend.router import SchedulerRouter
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class TokenizerManager:
         self._stubs = {
             addr: scheduler_pb2_grpc.SchedulerServiceStub(ch) for addr, ch in self._channels.items()
         }
-        self._round_robin = itertools.cycle(scheduler_addrs)
+        self.router = SchedulerRouter(self._stubs, on_down=self._scheduler_down)
         self._detok_channel = grpc.aio.insecure_channel(detokenizer_addr)
         self._subscription: asyncio.Task | None = None
         self._cleanups: set[asyncio.Task] = set()
@@ -71,8 +71,10 @@ class TokenizerManager:
 
     def start(self) -> None:
         self._subscription = asyncio.create_task(self._receive_loop(), name="detok-subscription")
+        self.router.start()
 
     async def close(self) -> None:
+        await self.router.close()
         if self._subscription is not None:
             self._subscription.cancel()
             await asyncio.gather(self._subscription, return_exceptions=True)
@@ -108,11 +110,17 @@ class TokenizerManager:
             if state is not None:
                 state.push(row)
 
+    def _scheduler_down(self, addr: str) -> None:
+        """A replica stopped answering: its requests fail now with UNAVAILABLE."""
+        for state in self.table.live():
+            if state.dispatched and state.scheduler == addr:
+                state.fail(f"scheduler {addr} is unavailable", unavailable=True)
+
     def _fail_dispatched(self, message: str) -> None:
         """Rows of dispatched requests may have been lost: end them now (they get aborted)."""
         for state in self.table.live():
             if state.dispatched:
-                state.fail(message)
+                state.fail(message, unavailable=True)
 
     # ---- one client request ----------------------------------------------------
 
@@ -140,7 +148,8 @@ class TokenizerManager:
                     state = states[index]
                     row = state.take()
                     if state.error is not None:
-                        raise RequestAbortedError(state.error)
+                        error = UnavailableError if state.error_unavailable else RequestAbortedError
+                        raise error(state.error)
                     if row.HasField("finish_reason"):
                         remaining -= 1
                         self._finished(row)
@@ -152,10 +161,22 @@ class TokenizerManager:
         if self._on_finished is not None:
             self._on_finished(row.times)
         if row.finish_reason.kind == common_pb2.FinishReason.KIND_ABORT:
-            raise RequestAbortedError(row.finish_reason.message or "request aborted")
+            message = row.finish_reason.message or "request aborted"
+            # A lost scheduler is a service failure the client may retry elsewhere.
+            error = UnavailableError if message == SCHEDULER_STREAM_ENDED else RequestAbortedError
+            raise error(message)
 
     async def _dispatch(self, state: ReqState, req: TokenizedRequest) -> None:
-        addr = next(self._round_robin)
+        try:
+            await self._dispatch_to(self.router.pick(), state, req)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or len(self._stubs) == 1:
+                raise
+            # That replica is down or draining: one more try on another.
+            self.router.mark_down(state.scheduler, lost=False)
+            await self._dispatch_to(self.router.pick(exclude=state.scheduler), state, req)
+
+    async def _dispatch_to(self, addr: str, state: ReqState, req: TokenizedRequest) -> None:
         state.times.dispatched = time.time()
         pb = scheduler_pb2.TokenizedGenerateReqInput(
             rid=req.rid,
@@ -168,6 +189,7 @@ class TokenizerManager:
             times=state.times,
         )
         state.scheduler = addr
+        self.router.dispatched(addr)
         # From here the scheduler may hold the rid, even if this task is cancelled
         # while the call is in flight: the call runs on, and _release waits for it.
         state.dispatched = True
@@ -176,6 +198,7 @@ class TokenizerManager:
             await asyncio.shield(state.dispatch_call)
         except grpc.aio.AioRpcError:
             state.dispatched = False  # refused: nothing to abort (and the rid may be another's)
+            self.router.released(addr)
             raise
         state.advance("dispatched")
 
@@ -183,6 +206,8 @@ class TokenizerManager:
         """Remove local state now; abort what a scheduler may still run, in the background."""
         for state in states:
             self.table.remove(state)
+            if state.dispatched:
+                self.router.released(state.scheduler)
         if any(s.dispatched and not s.is_finished_by_scheduler for s in states):
             # A task of its own: this runs while the client's call is being cancelled.
             task = asyncio.create_task(self._abort_unfinished(states))

@@ -1,0 +1,91 @@
+"""SchedulerRouter: which scheduler replica gets the next request.
+
+Scheduler replicas are data-parallel engines. The router polls each one's
+GetInfo (waiting + running) and adds the requests this frontend dispatched
+since, so a burst spreads out before the next poll. A replica that fails a
+poll or refuses with UNAVAILABLE is skipped until it answers again, and the
+``on_down`` callback lets the owner fail the requests it holds right away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import grpc
+from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+DOWN_BACKOFF_S = 2.0
+
+
+class SchedulerRouter:
+    def __init__(
+        self,
+        stubs: dict[str, scheduler_pb2_grpc.SchedulerServiceStub],
+        on_down: Callable[[str], None] = lambda addr: None,
+        poll_interval: float = 0.25,
+    ) -> None:
+        self._stubs = stubs
+        self._on_down = on_down
+        self._poll_interval = poll_interval
+        self._polled_load = dict.fromkeys(stubs, 0)
+        self._inflight = dict.fromkeys(stubs, 0)
+        self._down_until = dict.fromkeys(stubs, 0.0)
+        self._turn = 0
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._poll_forever(), name="scheduler-router")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def load(self, addr: str) -> int:
+        return self._polled_load[addr] + self._inflight[addr]
+
+    def is_up(self, addr: str) -> bool:
+        return time.monotonic() >= self._down_until[addr]
+
+    def pick(self, exclude: str = "") -> str:
+        """The least-loaded replica that is up (any replica if none is); ties rotate."""
+        addrs = [a for a in self._stubs if a != exclude] or list(self._stubs)
+        live = [a for a in addrs if self.is_up(a)] or addrs
+        self._turn += 1
+        rotated = live[self._turn % len(live) :] + live[: self._turn % len(live)]
+        return min(rotated, key=self.load)
+
+    def dispatched(self, addr: str) -> None:
+        self._inflight[addr] += 1
+
+    def released(self, addr: str) -> None:
+        self._inflight[addr] = max(0, self._inflight[addr] - 1)
+
+    def mark_down(self, addr: str, *, lost: bool = True) -> None:
+        """Route around ``addr`` for a while; ``lost`` (it stopped answering at all)
+        also fails the requests it holds. A draining replica refuses new work but
+        finishes its own, so a refusal passes ``lost=False``."""
+        was_up = self.is_up(addr)
+        self._down_until[addr] = time.monotonic() + DOWN_BACKOFF_S
+        if was_up and lost:
+            logger.warning("scheduler %s unavailable; routing around it", addr)
+            self._on_down(addr)
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.gather(*(self._poll(addr) for addr in self._stubs))
+            await asyncio.sleep(self._poll_interval)
+
+    async def _poll(self, addr: str) -> None:
+        try:
+            info = await self._stubs[addr].GetInfo(scheduler_pb2.ServerInfoRequest(), timeout=2)
+        except grpc.aio.AioRpcError:
+            self.mark_down(addr)
+            return
+        self._polled_load[addr] = info.num_waiting + info.num_running
+        self._down_until[addr] = 0.0

@@ -1,0 +1,122 @@
+"""Two scheduler replicas behind one frontend: load spreads, a dead one fails fast."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from tokenline.v1 import (
+    common_pb2,
+    frontend_pb2_grpc,
+    generate_pb2,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
+
+from services.launch import LocalStack, StackPorts, free_port
+from tests.integration.conftest import dump_logs
+
+
+@pytest.fixture
+def two_schedulers(default_model_dir: Path, tmp_path: Path) -> Iterator[tuple[LocalStack, str]]:
+    ports = StackPorts.free()
+    second = f"127.0.0.1:{free_port()}"
+    log = open(tmp_path / "scheduler-b.log", "wb")  # noqa: SIM115 - closed with the process
+    proc_b = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.scheduler",
+            "--model",
+            str(default_model_dir),
+            "--port",
+            second.split(":")[1],
+            "--detokenizer-addr",
+            f"127.0.0.1:{ports.detokenizer}",
+            "--num-threads",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    stack = LocalStack(
+        str(default_model_dir),
+        ports,
+        scheduler_args=["--num-threads", "1"],
+        frontend_args=["--scheduler-addrs", f"127.0.0.1:{ports.scheduler},{second}"],
+        log_dir=tmp_path,
+    )
+    try:
+        stack.start()
+        stack.procs["scheduler-b"] = proc_b
+        yield stack, second
+    finally:
+        stack.procs.setdefault("scheduler-b", proc_b)
+        stack.stop()
+        dump_logs(tmp_path)
+
+
+def request(rid: str, tokens: int) -> generate_pb2.GenerateReqInput:
+    return generate_pb2.GenerateReqInput(
+        rid=rid,
+        text=["Hello there"],
+        sampling_params=common_pb2.SamplingParams(
+            temperature=0.0, max_new_tokens=tokens, ignore_eos=True
+        ),
+    )
+
+
+async def running(addr: str) -> int:
+    async with grpc.aio.insecure_channel(addr) as ch:
+        info = await scheduler_pb2_grpc.SchedulerServiceStub(ch).GetInfo(
+            scheduler_pb2.ServerInfoRequest(), timeout=5
+        )
+    return info.num_running + info.num_waiting
+
+
+async def spread_then_kill(stack: LocalStack, second: str) -> None:
+    first = stack.addr("scheduler")
+    async with grpc.aio.insecure_channel(stack.addr("frontend")) as channel:
+        stub = frontend_pb2_grpc.FrontendServiceStub(channel)
+        for _ in range(120):  # replica B loads its model in its own time
+            try:
+                await running(second)
+                break
+            except grpc.aio.AioRpcError:
+                await asyncio.sleep(0.5)
+        await asyncio.sleep(1.0)  # one router poll sees both up
+        calls = [stub.Generate(request(f"spread-{i}", 24), timeout=120) for i in range(6)]
+        seen = {first: 0, second: 0}
+        pending = asyncio.gather(*calls)
+        while not pending.done():
+            for addr in seen:
+                seen[addr] = max(seen[addr], await running(addr))
+            await asyncio.sleep(0.1)
+        await pending
+        assert seen[first] > 0 and seen[second] > 0, f"load did not spread: {seen}"
+
+        stream = stub.GenerateStream(request("victim", 400), timeout=120)
+        await stream.read()  # the first chunk: the request is running somewhere
+        victim = first if await running(first) else second
+        proc = stack.procs["scheduler" if victim == first else "scheduler-b"]
+        proc.send_signal(signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            while await stream.read() is not grpc.aio.EOF:
+                pass
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - started < 10
+        again = await stub.Generate(request("after-kill", 8), timeout=60)
+        assert len(again.outputs[0].output_ids) == 8
+
+
+def test_requests_spread_and_a_killed_replica_fails_fast(two_schedulers) -> None:
+    stack, second = two_schedulers
+    asyncio.run(spread_then_kill(stack, second))
