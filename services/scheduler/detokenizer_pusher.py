@@ -72,13 +72,21 @@ class DetokenizerPusher:
         while True:
             while len(self._unsent) >= _MAX_UNSENT:
                 await asyncio.sleep(0.005)
-            self._in_transit = True
-            rows = await asyncio.to_thread(_get_or_none, self.engine.outbox)
+            rows = await asyncio.to_thread(self._take)
             if rows is not None:
                 self._step += 1
                 self._unsent.append(rows_to_batch_pb(self._step, rows))
+                self._in_transit = False
                 self._changed.set()
-            self._in_transit = False
+
+    def _take(self) -> list | None:
+        """Runs on a worker thread; marks rows in transit the moment they leave the outbox."""
+        try:
+            rows = self.engine.outbox.get(timeout=0.2)  # bounded: no thread outlives shutdown
+        except queue.Empty:
+            return None
+        self._in_transit = True
+        return rows
 
     async def _run(self) -> None:
         backoff = 0.05
@@ -110,11 +118,3 @@ class DetokenizerPusher:
                 return  # a retired attempt: the next one re-sends this batch
             self._unsent.popleft()
             self._carried_rows = True
-
-
-def _get_or_none(q: queue.Queue, timeout: float = 0.2) -> object:
-    # A bounded wait, so no executor thread stays blocked after shutdown.
-    try:
-        return q.get(timeout=timeout)
-    except queue.Empty:
-        return None
