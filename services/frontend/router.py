@@ -84,8 +84,9 @@ class SchedulerRouter:
     async def _poll(self, addr: str) -> None:
         try:
             info = await self._stubs[addr].GetInfo(scheduler_pb2.ServerInfoRequest(), timeout=2)
-        except grpc.aio.AioRpcError:
-            self.mark_down(addr)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                self.mark_down(addr)  # gone, or too wedged to answer: route around it
             return
         self._polled_load[addr] = info.num_waiting + info.num_running
         self._down_until[addr] = 0.0
