@@ -154,3 +154,16 @@ def test_gpu_overlay_gives_each_scheduler_a_gpu_and_cpu_overlay_none() -> None:
 
     assert scheduler("overlays/gpu")["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert "nvidia.com/gpu" not in str(scheduler("overlays/cpu")["resources"])
+
+
+def test_prometheus_scrapes_each_compose_service_on_its_metrics_port() -> None:
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    targets = {
+        t for job in config["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]
+    }
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    expected = {"gateway:8000"}
+    for name in ("frontend", "scheduler", "detokenizer"):
+        command = services[name]["command"]
+        expected.add(f"{name}:{command[command.index('--metrics-port') + 1]}")
+    assert targets == expected
