@@ -9,8 +9,8 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from services.common.tokenizer import load_tokenizer
-from services.launch import LocalStack, StackPorts
-from tests.integration.conftest import dump_logs
+from services.launch import LocalStack
+from tests.live_stack import running_stack
 
 
 @pytest.fixture(scope="session")
@@ -25,20 +25,10 @@ def stack(
     request: pytest.FixtureRequest,
 ) -> Iterator[LocalStack]:
     """A fresh stack: the first benchmark's warm-up is its first traffic."""
-    logs = tmp_path_factory.mktemp("bench-stack-logs")
-    stack = LocalStack(
-        str(default_model_dir),
-        StackPorts.free(),
+    with running_stack(
+        default_model_dir,
+        tmp_path_factory.mktemp("bench-stack-logs"),
+        request,
         scheduler_args=["--kv-cache-tokens", "16384", "--num-threads", "1"],
-        log_dir=logs,
-    )
-    failed_before = request.session.testsfailed
-    try:
-        stack.start()
-    except BaseException:
-        dump_logs(logs)
-        raise
-    yield stack
-    stack.stop()
-    if request.session.testsfailed > failed_before:
-        dump_logs(logs)
+    ) as stack:
+        yield stack

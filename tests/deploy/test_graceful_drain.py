@@ -12,7 +12,7 @@ import pytest
 from tokenline.v1 import common_pb2, frontend_pb2_grpc, generate_pb2
 
 from services.launch import LocalStack, StackPorts
-from tests.integration.conftest import dump_logs
+from tests.live_stack import dump_logs
 
 NEW_TOKENS = 48
 

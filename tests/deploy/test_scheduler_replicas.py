@@ -21,7 +21,7 @@ from tokenline.v1 import (
 )
 
 from services.launch import LocalStack, StackPorts, free_port
-from tests.integration.conftest import dump_logs
+from tests.live_stack import dump_logs
 
 
 @pytest.fixture

@@ -28,9 +28,9 @@ from tokenline.v1 import (
 )
 from transformers import PreTrainedTokenizerBase
 
-from services.launch import LocalStack, StackPorts
+from services.launch import LocalStack
 from tests.frontend.test_params import INVALID_OPENAI
-from tests.integration.conftest import dump_logs
+from tests.live_stack import running_stack
 
 LONG = 3000  # tokens: far more than a test waits for
 
@@ -39,10 +39,9 @@ LONG = 3000  # tokens: far more than a test waits for
 def stack(
     default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalStack]:
-    logs = tmp_path_factory.mktemp("frontend-stack-logs")
-    stack = LocalStack(
-        str(default_model_dir),
-        StackPorts.free(),
+    with running_stack(
+        default_model_dir,
+        tmp_path_factory.mktemp("frontend-stack-logs"),
         scheduler_args=[
             "--kv-cache-tokens",
             "8192",
@@ -53,15 +52,8 @@ def stack(
         ],  # fmt: skip
         # A wide window: however slowly a loaded machine lets 64 RPCs in, they batch.
         frontend_args=["--tokenizer-batch-window-ms", "50"],
-        log_dir=logs,
-    )
-    try:
-        stack.start()
-    except BaseException:
-        dump_logs(logs)
-        raise
-    yield stack
-    stack.stop()
+    ) as stack:
+        yield stack
 
 
 @dataclass
