@@ -1,5 +1,6 @@
-"""Scheduler gRPC shell: translates RPCs into engine commands and pushes each
-step's rows to the detokenizer over one long-lived client stream."""
+"""Scheduler gRPC shell: translates RPCs into engine commands.
+
+Each step's rows reach the detokenizer through ``detokenizer_pusher.py``."""
 
 from __future__ import annotations
 
