@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import logging
-
 import uvicorn
 
 from gateway.app import create_app
 from gateway.config import config_from_args
+from services.common.logs import setup_logging
 
 
 def main() -> None:
     config = config_from_args()
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(config.log_level, config.log_json)
     uvicorn.run(
         create_app(config),
         host=config.host,
         port=config.port,
+        log_config=None,  # uvicorn's loggers propagate to ours: one format for all lines
         log_level=config.log_level,
         timeout_graceful_shutdown=int(config.drain_timeout_s),
     )

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.common.envs import env_default
+from services.common.logs import add_logging_args
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
@@ -27,6 +28,7 @@ class GatewayConfig:
     request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
     drain_timeout_s: float = 30.0
     log_level: str = "info"
+    log_json: bool = False
 
 
 def _non_negative_int(raw: str) -> int:
@@ -80,7 +82,7 @@ def create_parser() -> argparse.ArgumentParser:
         type=_non_negative_float,
         default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, _non_negative_float),
     )
-    p.add_argument("--log-level", default=env_default("TOKENLINE_LOG_LEVEL", "info"))
+    add_logging_args(p, default_level="info")
     return p
 
 
@@ -96,4 +98,5 @@ def config_from_args(argv: Sequence[str] | None = None) -> GatewayConfig:
         request_timeout_s=args.request_timeout or None,
         drain_timeout_s=args.drain_timeout,
         log_level=args.log_level.lower(),
+        log_json=args.log_json,
     )

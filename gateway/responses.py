@@ -218,6 +218,8 @@ class StageTimes(_ProtoJson):
     scheduled: float
     first_token: float
     finished: float
+    queued: float
+    detokenized: float
 
 
 class MetaInfo(_ProtoJson):

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from tokenline.v1 import detokenizer_pb2, detokenizer_pb2_grpc
 
 from services.common.envs import env_default
-from services.common.grpc_server import GrpcProcess, setup_logging, wait_until
+from services.common.grpc_server import GrpcProcess, wait_until
+from services.common.logs import add_logging_args, setup_logging
 from services.common.tokenizer import load_tokenizer
-from services.detokenizer import metrics
 from services.detokenizer.manager import DetokenizerManager
+from services.detokenizer.metrics import DetokenizerMetrics
 from services.detokenizer.server import DetokenizerServicer
 from services.detokenizer.text_decoder import TextDecoder
 
@@ -28,6 +29,7 @@ class DetokenizerConfig:
     max_decode_states: int
     drain_timeout: float
     log_level: str
+    log_json: bool
 
 
 def parse_args(argv: list[str] | None = None) -> DetokenizerConfig:
@@ -47,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> DetokenizerConfig:
     p.add_argument(
         "--drain-timeout", type=float, default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, float)
     )
-    p.add_argument("--log-level", default=env_default("TOKENLINE_LOG_LEVEL", "INFO"))
+    add_logging_args(p)
     return DetokenizerConfig(**vars(p.parse_args(argv)))
 
 
@@ -62,7 +64,8 @@ async def serve(config: DetokenizerConfig) -> None:
         service_names=[SERVICE_NAME],
         metrics_port=config.metrics_port,
     )
-    servicer = DetokenizerServicer(manager)
+    metrics = DetokenizerMetrics()
+    servicer = DetokenizerServicer(manager, on_batch=metrics.observe_batch)
     detokenizer_pb2_grpc.add_DetokenizerServiceServicer_to_server(servicer, process.server)
     metrics.track(manager, servicer)
     await process.start()
@@ -78,7 +81,7 @@ async def serve(config: DetokenizerConfig) -> None:
 
 def main() -> None:
     config = parse_args()
-    setup_logging(config.log_level)
+    setup_logging(config.log_level, config.log_json)
     asyncio.run(serve(config))
 
 

@@ -10,6 +10,7 @@ stream that created it ends.
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -175,6 +176,7 @@ class DetokenizerManager:
         out.text = state.take_delta(final=True)
         out.finish_reason.CopyFrom(row.finish_reason)
         out.times.CopyFrom(row.times)
+        out.times.detokenized = time.time()
         out.usage.CopyFrom(usage_of(row))
         del self.states[row.rid]
 

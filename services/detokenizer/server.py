@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
+from collections.abc import Callable
 
 from tokenline.v1 import detokenizer_pb2, detokenizer_pb2_grpc
 
@@ -20,8 +22,13 @@ _CLOSED = detokenizer_pb2.BatchStrOutput()
 
 
 class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServiceServicer):
-    def __init__(self, manager: DetokenizerManager) -> None:
+    def __init__(
+        self,
+        manager: DetokenizerManager,
+        on_batch: Callable[[int, float], None] | None = None,
+    ) -> None:
         self.manager = manager
+        self.on_batch = on_batch  # (rows, seconds) for each decoded scheduler step
         self.subscribers: dict[str, asyncio.Queue[detokenizer_pb2.BatchStrOutput]] = {}
         self._stream_ids = itertools.count(1)
 
@@ -34,7 +41,11 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServiceServicer):
                 num_batches += 1
                 # Decoding is CPU work on the event loop; it is short per step and the
                 # loop has nothing else to do but forward the result.
-                await self._route(self.manager.handle_batch(batch, source))
+                start = time.perf_counter()
+                routed = self.manager.handle_batch(batch, source)
+                if self.on_batch is not None:
+                    self.on_batch(len(batch.rows), time.perf_counter() - start)
+                await self._route(routed)
         finally:
             # Rows of this stream's live requests may be lost with it: end them now
             # (without waiting: the handler may be cancelled).

@@ -11,15 +11,17 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenline.v1 import frontend_pb2, frontend_pb2_grpc
+from tokenline.v1 import detokenizer_pb2, frontend_pb2, frontend_pb2_grpc
 
 from services.common.envs import env_default
-from services.common.grpc_server import GrpcProcess, setup_logging
+from services.common.grpc_server import GrpcProcess
+from services.common.logs import add_logging_args, setup_logging
 from services.common.tokenizer import load_tokenizer
 from services.frontend.batch_tokenizer import DynamicBatchTokenizer
 from services.frontend.chat_template import ChatTemplate, ChatTokenization
 from services.frontend.limits import load_model_limits
 from services.frontend.metrics import FrontendMetrics
+from services.frontend.request_log import log_finished
 from services.frontend.server import FrontendServicer
 from services.frontend.serving_base import ServingContext
 from services.frontend.serving_chat import ChatServing
@@ -49,6 +51,7 @@ class FrontendConfig:
     max_concurrent_rpcs: int
     drain_timeout: float
     log_level: str
+    log_json: bool
 
 
 def _addr_list(value: str) -> tuple[str, ...]:
@@ -122,7 +125,7 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
     p.add_argument(
         "--drain-timeout", type=float, default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, float)
     )
-    p.add_argument("--log-level", default=env_default("TOKENLINE_LOG_LEVEL", "INFO"))
+    add_logging_args(p)
     args = p.parse_args(argv)
     if isinstance(args.scheduler_addrs, str):
         args.scheduler_addrs = _addr_list(args.scheduler_addrs)
@@ -142,11 +145,16 @@ def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> 
         allow_auto_truncate=config.allow_auto_truncate,
     )
     frontend_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+    def on_finished(row: detokenizer_pb2.StrRow) -> None:
+        metrics.observe_times(row.times)
+        log_finished(row)
+
     manager = TokenizerManager(
         frontend_id,
         list(config.scheduler_addrs),
         config.detokenizer_addr,
-        on_finished=metrics.observe_times,
+        on_finished=on_finished,
     )
     batcher = DynamicBatchTokenizer(
         tokenizer,
@@ -200,7 +208,7 @@ async def serve(config: FrontendConfig) -> None:
 
 def main() -> None:
     config = parse_args()
-    setup_logging(config.log_level)
+    setup_logging(config.log_level, config.log_json)
     asyncio.run(serve(config))
 
 

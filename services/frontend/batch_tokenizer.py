@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -52,7 +53,7 @@ class DynamicBatchTokenizer:
         tokenizer: PreTrainedTokenizerBase,
         window_s: float = 0.002,
         max_batch_size: int = 64,
-        on_batch: Callable[[int], None] | None = None,
+        on_batch: Callable[[int, float], None] | None = None,
     ) -> None:
         if window_s < 0:
             raise ValueError(f"window_s must be >= 0, got {window_s}")
@@ -183,11 +184,12 @@ class DynamicBatchTokenizer:
 
     async def _call_counted(self, texts: list[str], flag: bool) -> list[list[int]]:
         loop = asyncio.get_running_loop()
+        start = time.perf_counter()
         ids = await loop.run_in_executor(self._executor, self._call, texts, flag)
         self.num_calls += 1
         self.num_requests += len(texts)
         if self._on_batch is not None:
-            self._on_batch(len(texts))
+            self._on_batch(len(texts), time.perf_counter() - start)
         return ids
 
     def _call(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:

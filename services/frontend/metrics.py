@@ -1,4 +1,4 @@
-"""The frontend's Prometheus metrics: per-stage latencies, live requests, tokenizer batching.
+"""The frontend's Prometheus metrics: per-stage latencies, live requests, tokenizer calls.
 
 Stage latencies come from each finished choice's StageTimes (the frontend's
 stamps plus the scheduler's), so they are the same numbers a client reads in
@@ -12,18 +12,10 @@ from collections.abc import Callable
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from tokenline.v1 import common_pb2
 
+from services.frontend.stages import stage_durations
+
 _SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# stage name -> (start stamp, end stamp)
-STAGES: dict[str, tuple[str, str]] = {
-    "template": ("received", "templated"),
-    "tokenize": ("templated", "tokenized"),
-    "dispatch": ("tokenized", "dispatched"),
-    "queue": ("dispatched", "scheduled"),
-    "time_to_first_token": ("received", "first_token"),
-    "decode": ("first_token", "finished"),
-    "end_to_end": ("received", "finished"),
-}
 
 
 class FrontendMetrics:
@@ -32,6 +24,12 @@ class FrontendMetrics:
             "tokenline_frontend_stage_seconds",
             "time spent per request stage, from the StageTimes of each finished choice",
             ["stage"],
+            buckets=_SECONDS,
+            registry=registry,
+        )
+        self.tokenizer_seconds = Histogram(
+            "tokenline_frontend_tokenizer_seconds",
+            "one call of the dynamic batch tokenizer (all texts in the batch)",
             buckets=_SECONDS,
             registry=registry,
         )
@@ -55,13 +53,12 @@ class FrontendMetrics:
 
     def observe_times(self, times: common_pb2.StageTimes) -> None:
         self.finished.inc()
-        for stage, (start, end) in STAGES.items():
-            begin, done = getattr(times, start), getattr(times, end)
-            if begin and done and done >= begin:
-                self.stage_seconds.labels(stage).observe(done - begin)
+        for stage, seconds in stage_durations(times).items():
+            self.stage_seconds.labels(stage).observe(seconds)
 
-    def observe_batch(self, size: int) -> None:
+    def observe_batch(self, size: int, seconds: float) -> None:
         self.tokenizer_batch_size.observe(size)
+        self.tokenizer_seconds.observe(seconds)
 
     def track(self, live: Callable[[], int], aborts: Callable[[], int]) -> None:
         """Read gauges from their owners at scrape time."""

@@ -51,7 +51,7 @@ class TokenizerManager:
         frontend_id: str,
         scheduler_addrs: list[str],
         detokenizer_addr: str,
-        on_finished: Callable[[common_pb2.StageTimes], None] | None = None,
+        on_finished: Callable[[detokenizer_pb2.StrRow], None] | None = None,
     ) -> None:
         self.frontend_id = frontend_id
         self.table = ReqStateTable()
@@ -159,7 +159,7 @@ class TokenizerManager:
 
     def _finished(self, row: detokenizer_pb2.StrRow) -> None:
         if self._on_finished is not None:
-            self._on_finished(row.times)
+            self._on_finished(row)
         if row.finish_reason.kind == common_pb2.FinishReason.KIND_ABORT:
             message = row.finish_reason.message or "request aborted"
             # A lost scheduler is a service failure the client may retry elsewhere.

@@ -12,12 +12,14 @@ import torch
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from services.common.envs import env_default
-from services.common.grpc_server import GrpcProcess, setup_logging, wait_until
+from services.common.grpc_server import GrpcProcess, wait_until
+from services.common.logs import add_logging_args, setup_logging
 from services.common.tokenizer import load_tokenizer
 from services.scheduler.detokenizer_pusher import DetokenizerPusher
 from services.scheduler.engine import Scheduler, SchedulerConfig
 from services.scheduler.engine_thread import EngineThread
 from services.scheduler.kv_pool import KVPool
+from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.model.loader import load_model
 from services.scheduler.server import SchedulerServicer
 from services.scheduler.stop_checker import StopChecker
@@ -53,6 +55,7 @@ class SchedulerProcessConfig:
     num_threads: int
     drain_timeout: float
     log_level: str
+    log_json: bool
 
 
 def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
@@ -106,7 +109,7 @@ def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
     p.add_argument(
         "--drain-timeout", type=float, default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, float)
     )
-    p.add_argument("--log-level", default=env_default("TOKENLINE_LOG_LEVEL", "INFO"))
+    add_logging_args(p)
     return SchedulerProcessConfig(**vars(p.parse_args(argv)))
 
 
@@ -165,12 +168,15 @@ async def serve(config: SchedulerProcessConfig) -> None:
         service_names=[SERVICE_NAME],
         metrics_port=config.metrics_port,
     )
-    servicer = SchedulerServicer(Path(config.model).resolve().name)
+    model_name = Path(config.model).resolve().name
+    servicer = SchedulerServicer(model_name)
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, process.server)
     # Liveness answers while the model loads; readiness waits for it.
     await process.start()
     scheduler, context = await asyncio.to_thread(build_engine, config)
-    engine = EngineThread(scheduler)
+    metrics = SchedulerMetrics(model_name)
+    engine = EngineThread(scheduler, on_stats=metrics.record)
+    metrics.track(lambda: engine.stats)
     engine.start()
     servicer.attach(engine, context)
     pusher = DetokenizerPusher(engine, config.detokenizer_addr)
@@ -189,7 +195,7 @@ async def serve(config: SchedulerProcessConfig) -> None:
 
 def main() -> None:
     config = parse_args()
-    setup_logging(config.log_level)
+    setup_logging(config.log_level, config.log_json)
     asyncio.run(serve(config))
 
 

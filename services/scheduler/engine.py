@@ -30,6 +30,7 @@ from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.config import ModelConfig
 from services.scheduler.req import FinishInfo, LogprobEntry, Req, ReqStatus
 from services.scheduler.sampler import SampleOutput, Sampler
+from services.scheduler.stats import FinishedReqStats, SchedulerStats
 from services.scheduler.stop_checker import StopChecker
 from services.scheduler.waiting_queue import WaitingQueue
 
@@ -94,6 +95,7 @@ class Scheduler:
         self._pending_rows: list[OutputRow] = []  # final rows produced between steps
         self.num_steps = 0
         self.num_retractions = 0
+        self.stats = SchedulerStats()
 
     # ---- requests in and out -------------------------------------------------
 
@@ -107,7 +109,7 @@ class Scheduler:
         if req.params.seed is not None:
             req.generator = torch.Generator(device=self.device)
             req.generator.manual_seed(req.params.seed)
-        req.times.setdefault("scheduled", time.time())
+        req.times["queued"] = time.time()
         self.reqs[req.rid] = req
         self.waiting.push(req)
 
@@ -137,6 +139,11 @@ class Scheduler:
     def flush_cache(self) -> bool:
         """Drop all cached prefixes; refused (False) while requests are running."""
         return not self.running and self.kv.flush()
+
+    def take_stats(self) -> SchedulerStats:
+        """What was counted since the previous call; counting starts afresh."""
+        stats, self.stats = self.stats, SchedulerStats()
+        return stats
 
     @property
     def has_work(self) -> bool:
@@ -214,6 +221,7 @@ class Scheduler:
         victim.status = ReqStatus.WAITING
         victim.num_retractions += 1
         self.num_retractions += 1
+        self.stats.num_preemptions += 1
         self.waiting.push(victim)
         logger.info("retracted rid=%s to free KV", victim.rid)
         return True
@@ -244,6 +252,10 @@ class Scheduler:
             return False
         if req.num_retractions == 0:
             req.num_cached_tokens = min(num_matched, len(req.input_ids))
+            req.times["scheduled"] = time.time()
+            if self.kv.tree is not None:
+                self.stats.num_prefix_cache_queries += len(req.input_ids)
+                self.stats.num_prefix_cache_hits += req.num_cached_tokens
         self.waiting.remove(req)
         req.status = ReqStatus.RUNNING
         self.running.append(req)
@@ -264,6 +276,7 @@ class Scheduler:
             plan.chunks, plan.prefix_lens, [r.kv_slots for r in plan.reqs], self.device
         )
         logits = self.model.forward(batch, self.kv_pool)
+        self.stats.step_tokens.append(sum(map(len, plan.chunks)))
         for req, prefix_len in zip(plan.reqs, plan.prefix_lens, strict=True):
             if prefix_len < len(req.input_ids):
                 self.kv.cache_prefix(req)  # share the prompt as soon as it is computed
@@ -280,7 +293,9 @@ class Scheduler:
         now = time.time()
         for req, token, logprob in zip(reqs, out.token_ids, out.logprobs, strict=True):
             req.output_ids.append(token)
-            req.times.setdefault("first_token", now)
+            if len(req.output_ids) == 1:
+                req.times["first_token"] = now
+            self.stats.on_token(req, now)
             finish = self.stop_checker.check(req)
             if finish is not None:
                 self._finish(req, finish, ReqStatus.FINISHED)
@@ -303,3 +318,4 @@ class Scheduler:
         req.times["finished"] = time.time()
         self.kv.release(req)
         self.reqs.pop(req.rid, None)
+        self.stats.finished.append(FinishedReqStats.of(req))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from services.common.errors import ResourceExhaustedError, TokenlineError
 from services.scheduler.engine import OutputRow, Scheduler
 from services.scheduler.req import Req
+from services.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 
@@ -43,13 +44,21 @@ class EngineStats:
     num_free_kv_tokens: int = 0
     num_total_kv_tokens: int = 0
     num_cached_kv_tokens: int = 0  # in the prefix cache, shared or evictable
+    num_evictable_kv_tokens: int = 0  # cached and held by no request
     num_steps: int = 0
     num_retractions: int = 0
 
 
 class EngineThread:
-    def __init__(self, scheduler: Scheduler, inbox_size: int = 8192, outbox_size: int = 256):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        inbox_size: int = 8192,
+        outbox_size: int = 256,
+        on_stats: Callable[[SchedulerStats], None] | None = None,
+    ):
         self.scheduler = scheduler
+        self.on_stats = on_stats  # gets the engine's counts after every step, on this thread
         self.inbox: queue.Queue[AddCommand | AbortCommand | None] = queue.Queue(inbox_size)
         self.outbox: queue.Queue[list[OutputRow]] = queue.Queue(outbox_size)
         self.stats = EngineStats(num_total_kv_tokens=scheduler.kv_pool.num_tokens)
@@ -92,6 +101,8 @@ class EngineThread:
                 if self.scheduler.has_work:
                     rows = self.scheduler.step()
                     self._publish_stats()
+                    if self.on_stats is not None:
+                        self.on_stats(self.scheduler.take_stats())
                     if rows:
                         self.outbox.put(rows)
         except BaseException as exc:  # the thread must report, not vanish
@@ -129,6 +140,7 @@ class EngineThread:
             num_free_kv_tokens=s.kv_pool.num_free,
             num_total_kv_tokens=s.kv_pool.num_tokens,
             num_cached_kv_tokens=s.kv.num_cached,
+            num_evictable_kv_tokens=s.kv.num_evictable,
             num_steps=s.num_steps,
             num_retractions=s.num_retractions,
         )

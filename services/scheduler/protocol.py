@@ -19,15 +19,8 @@ _FINISH_KINDS = {
     "abort": common_pb2.FinishReason.KIND_ABORT,
 }
 
-_TIME_FIELDS = (
-    "received",
-    "templated",
-    "tokenized",
-    "dispatched",
-    "scheduled",
-    "first_token",
-    "finished",
-)
+# The stamps a client may bring; the scheduler sets its own (queued, scheduled, ...).
+_CLIENT_TIME_FIELDS = ("received", "templated", "tokenized", "dispatched")
 
 
 def req_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> Req:
@@ -43,7 +36,7 @@ def req_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> Req:
             no_stop_trim=params.no_stop_trim,
             stop=list(params.stop),
         ),
-        times={f: getattr(pb.times, f) for f in _TIME_FIELDS if getattr(pb.times, f)},
+        times={f: getattr(pb.times, f) for f in _CLIENT_TIME_FIELDS if getattr(pb.times, f)},
         priority=pb.priority if pb.HasField("priority") else 0,
         return_logprob=pb.logprob.return_logprob,
         top_logprobs_num=pb.logprob.top_logprobs_num,

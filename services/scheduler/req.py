@@ -69,6 +69,7 @@ class Req:
     num_retractions: int = 0
     arrival: int | None = None  # order among equal priorities; set when first queued
     finish: FinishInfo | None = None
+    last_token_time: float | None = None  # wall clock of the newest sampled token
     sent_init: bool = False
     generator: torch.Generator | None = None
     penalties: PenaltyState | None = None

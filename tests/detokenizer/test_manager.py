@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import pytest
 from prometheus_client import CollectorRegistry
 from tokenline.v1 import common_pb2
 
-from services.detokenizer import metrics
 from services.detokenizer.manager import DetokenizerManager
+from services.detokenizer.metrics import DetokenizerMetrics
 from services.detokenizer.server import DetokenizerServicer
 from services.detokenizer.text_decoder import DecodeFlags, TextDecoder
 from tests.detokenizer.families import Family
@@ -36,10 +37,15 @@ def test_state_is_deleted_on_the_final_row(bytelevel: Family, finish) -> None:
     ids = bytelevel.encode("hello world")
     push(manager, row("r", ids[:1], init=True, stop=["world"]))
     assert "r" in manager.states
-    (final,) = push(manager, row("r", ids[1:], finish=finish))["fe"]
+    last = row("r", ids[1:], finish=finish)
+    last.times.finished = time.time()
+    (final,) = push(manager, last)["fe"]
     assert final.finish_reason == finish
     assert final.HasField("usage")
     assert not manager.states
+    # The scheduler's stamps pass through; the detokenizer adds its own, after them.
+    assert final.times.finished == last.times.finished
+    assert last.times.finished <= final.times.detokenized <= time.time()
 
 
 def test_abort_before_any_token_creates_and_deletes_in_one_row(bytelevel: Family) -> None:
@@ -120,7 +126,7 @@ def test_ending_a_source_aborts_only_its_requests(bytelevel: Family) -> None:
 def test_metrics_read_the_manager_at_scrape_time(bytelevel: Family) -> None:
     registry = CollectorRegistry()
     manager = DetokenizerManager(bytelevel.decoder, max_states=1)
-    metrics.track(manager, DetokenizerServicer(manager), registry)
+    DetokenizerMetrics(registry).track(manager, DetokenizerServicer(manager))
     push(manager, row("a", [100], init=True), row("b", [100], init=True), row("x", [5]))
     value = registry.get_sample_value
     assert value("tokenline_detokenizer_live_states") == 1

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client import CollectorRegistry
 from tokenline.v1 import common_pb2, detokenizer_pb2, detokenizer_pb2_grpc, scheduler_pb2
 
 from bench.detokenizer_service import DetokenizerProcess
 from services.detokenizer.manager import DetokenizerManager
+from services.detokenizer.metrics import DetokenizerMetrics
 from services.detokenizer.server import DetokenizerServicer
 from tests.detokenizer.families import Family
 from tests.detokenizer.harness import LENGTH, row
@@ -22,11 +24,19 @@ KIND_ABORT = common_pb2.FinishReason.KIND_ABORT
 
 
 @pytest.fixture
-async def stub(bytelevel: Family) -> AsyncIterator[detokenizer_pb2_grpc.DetokenizerServiceStub]:
+def metrics() -> DetokenizerMetrics:
+    return DetokenizerMetrics(CollectorRegistry())
+
+
+@pytest.fixture
+async def stub(
+    bytelevel: Family, metrics: DetokenizerMetrics
+) -> AsyncIterator[detokenizer_pb2_grpc.DetokenizerServiceStub]:
     server = grpc.aio.server()
-    detokenizer_pb2_grpc.add_DetokenizerServiceServicer_to_server(
-        DetokenizerServicer(DetokenizerManager(bytelevel.decoder)), server
+    servicer = DetokenizerServicer(
+        DetokenizerManager(bytelevel.decoder), on_batch=metrics.observe_batch
     )
+    detokenizer_pb2_grpc.add_DetokenizerServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -58,7 +68,9 @@ async def collect_until_finished(call, rids: set[str]) -> dict[str, str]:
     return texts
 
 
-async def test_each_frontend_gets_only_its_rows(stub, bytelevel: Family) -> None:
+async def test_each_frontend_gets_only_its_rows(
+    stub, bytelevel: Family, metrics: DetokenizerMetrics
+) -> None:
     fe1, fe2 = await subscribe(stub, "fe-1"), await subscribe(stub, "fe-2")
     owners = {"a": "fe-1", "b": "fe-2", "c": "fe-1", "d": "fe-2"}
     text = {rid: f"{rid}: 你好，世界 👩\u200d👩\u200d👧 {rid}" for rid in owners}
@@ -78,6 +90,9 @@ async def test_each_frontend_gets_only_its_rows(stub, bytelevel: Family) -> None
     got2 = await collect_until_finished(fe2, {"b", "d"})
     assert got1 == {"a": text["a"], "c": text["c"]}
     assert got2 == {"b": text["b"], "d": text["d"]}
+    value = metrics.registry.get_sample_value
+    assert value("tokenline_detokenizer_batch_seconds_count") == len(steps)
+    assert value("tokenline_detokenizer_rows_total") == sum(map(len, steps))
     info = await stub.GetInfo(detokenizer_pb2.DetokenizerInfoRequest())
     assert (info.num_live_states, info.num_subscribers, info.num_dropped_rows) == (0, 2, 0)
     fe1.cancel()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 import pytest
 from transformers import PreTrainedTokenizerBase
@@ -15,6 +16,16 @@ def prompts(count: int) -> list[str]:
     """Distinct texts of different lengths, with CJK, emoji and a control token."""
     pieces = ["hello", "世界", "🙂 ok", "<｜User｜>", "  spaced  out", "numbers 12345"]
     return [f"{i}: " + " ".join(pieces[: 1 + i % len(pieces)]) * (1 + i % 7) for i in range(count)]
+
+
+def recorder(sizes: list[int]) -> Callable[[int, float], None]:
+    """An on_batch hook keeping each call's size; a call always takes some time."""
+
+    def record(size: int, seconds: float) -> None:
+        assert seconds > 0
+        sizes.append(size)
+
+    return record
 
 
 async def test_64_concurrent_encodes_share_few_calls_and_each_gets_its_own_ids(
@@ -52,7 +63,7 @@ async def test_mixed_special_token_flags_go_to_separate_calls(
 
 async def test_batches_never_exceed_max_batch_size(tokenizer: PreTrainedTokenizerBase) -> None:
     sizes: list[int] = []
-    batcher = DynamicBatchTokenizer(tokenizer, max_batch_size=8, on_batch=sizes.append)
+    batcher = DynamicBatchTokenizer(tokenizer, max_batch_size=8, on_batch=recorder(sizes))
     texts = prompts(64)
     try:
         results = await asyncio.gather(*(batcher.encode(t) for t in texts))
@@ -77,7 +88,7 @@ async def test_requests_arriving_while_the_tokenizer_is_busy_form_one_batch(
     tokenizer: PreTrainedTokenizerBase,
 ) -> None:
     sizes: list[int] = []
-    batcher = DynamicBatchTokenizer(tokenizer, window_s=0.002, on_batch=sizes.append)
+    batcher = DynamicBatchTokenizer(tokenizer, window_s=0.002, on_batch=recorder(sizes))
     release = threading.Event()
     busy = asyncio.create_task(batcher.run(lambda: release.wait(30)))
     texts = prompts(10)
@@ -101,7 +112,7 @@ async def test_a_burst_that_trickles_in_is_gathered_for_the_window(
     tokenizer: PreTrainedTokenizerBase,
 ) -> None:
     sizes: list[int] = []
-    batcher = DynamicBatchTokenizer(tokenizer, window_s=0.5, on_batch=sizes.append)
+    batcher = DynamicBatchTokenizer(tokenizer, window_s=0.5, on_batch=recorder(sizes))
     texts = prompts(6)
     try:
         tasks = []

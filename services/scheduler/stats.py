@@ -1,0 +1,73 @@
+"""What the engine measures, as plain data: the metrics layer turns it into Prometheus.
+
+The engine thread appends to one ``SchedulerStats`` as requests move and hands it
+over after each step (``Scheduler.take_stats``), so the hot loop never touches a
+metrics library and tests can read exact counts without a registry.
+
+Latencies come from the request's wall-clock stamps (``Req.times``): ``queued``
+when the scheduler accepted it, ``scheduled`` at its first forward batch,
+``first_token`` and ``finished``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.scheduler.req import Req
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedReqStats:
+    """One request that left the scheduler; ``None`` for a stage it never reached."""
+
+    finish_reason: str  # "stop" | "length" | "abort"
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    e2e_s: float
+    queue_s: float | None
+    prefill_s: float | None
+    decode_s: float | None
+
+    @classmethod
+    def of(cls, req: Req) -> FinishedReqStats:
+        t = req.times
+        queued, scheduled = t.get("queued"), t.get("scheduled")
+        first, finished = t.get("first_token"), t["finished"]
+        return cls(
+            finish_reason=req.finish.kind if req.finish else "abort",
+            num_prompt_tokens=len(req.input_ids),
+            num_generation_tokens=len(req.output_ids),
+            e2e_s=finished - queued if queued else 0.0,
+            queue_s=_span(queued, scheduled),
+            prefill_s=_span(scheduled, first),
+            decode_s=_span(first, finished),
+        )
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Everything counted since the last hand-over."""
+
+    num_prompt_tokens: int = 0  # whole prompts, counted when their first token is sampled
+    num_generation_tokens: int = 0
+    num_prefix_cache_queries: int = 0  # prompt tokens looked up at first admission
+    num_prefix_cache_hits: int = 0  # of those, tokens found in the radix cache
+    num_preemptions: int = 0
+    step_tokens: list[int] = field(default_factory=list)  # tokens each forward computed
+    time_to_first_token_s: list[float] = field(default_factory=list)
+    inter_token_latency_s: list[float] = field(default_factory=list)
+    finished: list[FinishedReqStats] = field(default_factory=list)
+
+    def on_token(self, req: Req, now: float) -> None:
+        """``req`` just got a sampled token (already appended to its output)."""
+        self.num_generation_tokens += 1
+        if len(req.output_ids) == 1:
+            self.num_prompt_tokens += len(req.input_ids)
+            self.time_to_first_token_s.append(now - req.times.get("queued", now))
+        elif req.last_token_time is not None:
+            self.inter_token_latency_s.append(now - req.last_token_time)
+        req.last_token_time = now
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    return end - start if start and end else None
