@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
@@ -12,10 +13,18 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from services.common.grpc_metrics import RpcMetrics, RpcMetricsInterceptor
+
 logger = logging.getLogger(__name__)
 
 # Readiness probes ask for this service name; liveness asks for "" (the server).
 READINESS_SERVICE = "tokenline.readiness"
+
+
+@functools.cache
+def default_rpc_metrics() -> RpcMetrics:
+    """RPC metrics on the default registry, created once: a second registration would raise."""
+    return RpcMetrics()
 
 
 class GrpcProcess:
@@ -34,8 +43,11 @@ class GrpcProcess:
         service_names: Sequence[str],
         metrics_port: int = 0,
         max_concurrent_rpcs: int | None = None,
+        rpc_metrics: RpcMetrics | None = None,
     ) -> None:
+        self.rpc_metrics = rpc_metrics if rpc_metrics is not None else default_rpc_metrics()
         self.server = grpc.aio.server(
+            interceptors=[RpcMetricsInterceptor(self.rpc_metrics)],
             maximum_concurrent_rpcs=max_concurrent_rpcs,
             options=[
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -97,9 +109,3 @@ async def wait_until(predicate: Callable[[], bool], timeout: float, poll: float 
             return False
         await asyncio.sleep(poll)
     return True
-
-
-def setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
