@@ -13,7 +13,9 @@ from typing import Any
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
-from tokenline.v1 import generate_pb2, openai_pb2
+from tokenline.v1 import common_pb2, generate_pb2, openai_pb2
+
+from services.common.stages import stage_durations
 
 # What vLLM sends for -inf logprobs: JSON has no infinity.
 _MIN_LOGPROB = -9999.0
@@ -226,3 +228,13 @@ def generate_to_dict(response: generate_pb2.GenerateResponse) -> dict[str, Any]:
     return json_format.MessageToDict(
         response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
+
+
+def debug_to_dict(times: common_pb2.StageTimes) -> dict[str, Any]:
+    """Where one request's time went: the stamps, and each stage in milliseconds."""
+    return {
+        "times": json_format.MessageToDict(times, preserving_proto_field_name=True),
+        "stages_ms": {
+            stage: round(seconds * 1000, 3) for stage, seconds in stage_durations(times).items()
+        },
+    }

@@ -17,6 +17,7 @@ from gateway.render import (
     chat_chunk_to_dict,
     chat_completion_to_dict,
     completion_to_dict,
+    debug_to_dict,
     model_list_to_dict,
     model_to_dict,
 )
@@ -25,6 +26,7 @@ from gateway.schemas import ChatCompletionBody, CompletionBody, SharedRequestBod
 from gateway.sse import stream_response
 
 router = APIRouter(tags=["openai"])
+DEBUG_HEADER = "x-tokenline-debug"
 
 
 def _include_usage(body: SharedRequestBody) -> bool:
@@ -51,7 +53,7 @@ async def chat_completions(body: ChatCompletionBody, request: Request) -> Respon
         return await stream_response(request, call, render)
     unary = client.stub.ChatCompletion(proto, **client.options(rid))
     result = await until_disconnected(request, unary, unary)
-    return JSONResponse(chat_completion_to_dict(result, logprobs=body.logprobs))
+    return _unary_response(request, chat_completion_to_dict(result, logprobs=body.logprobs), result)
 
 
 @router.post(
@@ -74,7 +76,18 @@ async def completions(body: CompletionBody, request: Request) -> Response:
         return await stream_response(request, call, render)
     unary = client.stub.Completion(proto, **client.options(rid))
     result = await until_disconnected(request, unary, unary)
-    return JSONResponse(render(result))
+    return _unary_response(request, render(result), result)
+
+
+def _unary_response(
+    request: Request,
+    out: dict[str, Any],
+    result: openai_pb2.ChatCompletion | openai_pb2.Completion,
+) -> JSONResponse:
+    """The rendered response, plus its stage breakdown when ``X-Tokenline-Debug`` asks."""
+    if request.headers.get(DEBUG_HEADER, "").lower() in ("1", "true", "yes", "on"):
+        out["debug"] = debug_to_dict(result.times)
+    return JSONResponse(out)
 
 
 async def _list_models(request: Request) -> openai_pb2.ModelList:

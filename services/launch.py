@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import grpc
@@ -35,11 +35,19 @@ class StackPorts:
     frontend: int = 50051
     scheduler: int = 50052
     detokenizer: int = 50053
-    gateway: int = 8000
+    gateway: int = 8000  # also serves the gateway's own /metrics
+    # Prometheus /metrics of each gRPC service (0 disables).
+    frontend_metrics: int = 9101
+    scheduler_metrics: int = 9102
+    detokenizer_metrics: int = 9103
 
     @classmethod
     def free(cls) -> StackPorts:
-        return cls(free_port(), free_port(), free_port(), free_port())
+        return cls(*(free_port() for _ in fields(cls)))
+
+    def metrics_url(self, name: str, host: str = "127.0.0.1") -> str:
+        port = self.gateway if name == "gateway" else getattr(self, f"{name}_metrics")
+        return f"http://{host}:{port}/metrics"
 
 
 @dataclass
@@ -71,6 +79,8 @@ class LocalStack:
                 *common,
                 "--port",
                 str(self.ports.detokenizer),
+                "--metrics-port",
+                str(self.ports.detokenizer_metrics),
             ],
             "scheduler": [
                 py,
@@ -79,6 +89,8 @@ class LocalStack:
                 *common,
                 "--port",
                 str(self.ports.scheduler),
+                "--metrics-port",
+                str(self.ports.scheduler_metrics),
                 "--detokenizer-addr",
                 self.addr("detokenizer"),
                 *self.scheduler_args,
@@ -90,6 +102,8 @@ class LocalStack:
                 *common,
                 "--port",
                 str(self.ports.frontend),
+                "--metrics-port",
+                str(self.ports.frontend_metrics),
                 "--scheduler-addrs",
                 self.addr("scheduler"),
                 "--detokenizer-addr",
@@ -184,12 +198,33 @@ def create_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=env_default("TOKENLINE_MODEL", "models/tokenline-tiny"))
     p.add_argument("--host", default="127.0.0.1", help="address every service binds to")
     p.add_argument("--gateway-port", type=int, default=8000)
+    p.add_argument(
+        "--metrics-ports",
+        type=_metrics_ports,
+        default=(9101, 9102, 9103),
+        metavar="F,S,D",
+        help="Prometheus ports of frontend, scheduler and detokenizer",
+    )
     return p
+
+
+def _metrics_ports(raw: str) -> tuple[int, int, int]:
+    ports = tuple(int(p) for p in raw.split(","))
+    if len(ports) != 3:
+        raise ValueError("three comma-separated ports: frontend,scheduler,detokenizer")
+    return ports  # type: ignore[return-value]
 
 
 def main(argv: list[str] | None = None) -> None:
     args = create_parser().parse_args(argv)
-    stack = LocalStack(args.model, StackPorts(gateway=args.gateway_port), host=args.host)
+    frontend_metrics, scheduler_metrics, detokenizer_metrics = args.metrics_ports
+    ports = StackPorts(
+        gateway=args.gateway_port,
+        frontend_metrics=frontend_metrics,
+        scheduler_metrics=scheduler_metrics,
+        detokenizer_metrics=detokenizer_metrics,
+    )
+    stack = LocalStack(args.model, ports, host=args.host)
     print("starting detokenizer, scheduler, frontend and gateway ...", flush=True)
     stack.start()
     print(

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from tokenline.v1 import common_pb2
 
-from services.frontend.stages import stage_durations
+from services.common.stages import stage_durations
 
 _SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)

@@ -11,8 +11,8 @@ from typing import Any
 
 from tokenline.v1 import detokenizer_pb2
 
+from services.common.stages import stage_durations
 from services.frontend.output import finish_name
-from services.frontend.stages import stage_durations
 
 logger = logging.getLogger("tokenline.requests")
 

@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry
 from tokenline.v1 import common_pb2, detokenizer_pb2
 
 from services.common.logs import log_formatter
+from services.common.stages import STAGES, stage_durations
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.request_log import log_finished, request_fields
-from services.frontend.stages import STAGES, stage_durations
 
 # One request's stamps, as the frontend, scheduler and detokenizer set them.
 TIMES = common_pb2.StageTimes(
