@@ -228,7 +228,9 @@ def main(argv: list[str] | None = None) -> None:
     print("starting detokenizer, scheduler, frontend and gateway ...", flush=True)
     stack.start()
     print(
-        f"tokenline is serving {args.model} at {stack.base_url}  (Ctrl-C stops all four)",
+        f"tokenline is serving {args.model} at {stack.base_url}  (Ctrl-C stops all four)\n"
+        "metrics: "
+        + "  ".join(stack.ports.metrics_url(name, args.host) for name in stack.commands()),
         flush=True,
     )
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -67,6 +67,13 @@ def _num_choices(sampling: openai_pb2.OpenAISampling) -> int:
     return sampling.n if sampling.HasField("n") else 1
 
 
+# Stamps a real request would carry (unix seconds), 10 ms of prefill among them.
+TIMES = common_pb2.StageTimes(
+    received=100.0, templated=100.001, tokenized=100.002, dispatched=100.002, queued=100.003,
+    scheduled=100.004, first_token=100.014, finished=100.020, detokenized=100.021,
+)  # fmt: skip
+
+
 def chat_completion(req: openai_pb2.ChatCompletionRequest) -> openai_pb2.ChatCompletion:
     choices = [
         openai_pb2.ChatChoice(
@@ -80,7 +87,7 @@ def chat_completion(req: openai_pb2.ChatCompletionRequest) -> openai_pb2.ChatCom
     ]
     return openai_pb2.ChatCompletion(
         id="chatcmpl-fake", object="chat.completion", created=CREATED, model=MODEL_ID,
-        choices=choices, usage=USAGE,
+        choices=choices, usage=USAGE, times=TIMES,
     )  # fmt: skip
 
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import grpc
 import httpx
 import pytest
-from fake_frontend import MODEL_ID, PIECES, FakeFrontend, FakeFrontendServicer
+from fake_frontend import MODEL_ID, PIECES, TIMES, FakeFrontend, FakeFrontendServicer
 from gateway_harness import GatewayServer, StrictGateway
 
 from gateway import routes_openai
@@ -293,3 +293,18 @@ def test_render_failure_mid_stream_is_an_error_frame(
     resp = httpx.post(f"{gateway_url}/v1/chat/completions", json=CHAT | {"stream": True})
     assert resp.status_code == 200 and "secret" not in resp.text
     assert resp.text.startswith('data: {"error":') and "[DONE]" not in resp.text
+
+
+def test_debug_header_adds_the_stage_breakdown(gateway_url: str) -> None:
+    plain = httpx.post(f"{gateway_url}/v1/chat/completions", json=CHAT, timeout=10).json()
+    assert "debug" not in plain
+    resp = httpx.post(
+        f"{gateway_url}/v1/chat/completions",
+        json=CHAT,
+        headers={"X-Tokenline-Debug": "1"},
+        timeout=10,
+    )
+    debug = resp.json()["debug"]
+    assert debug["times"]["detokenized"] == TIMES.detokenized
+    assert debug["stages_ms"]["prefill"] == pytest.approx(10.0)
+    assert debug["stages_ms"]["end_to_end"] == pytest.approx(21.0)
