@@ -55,16 +55,6 @@ def wait_for(check, timeout: float = 10.0) -> None:
         time.sleep(0.1)
 
 
-@pytest.fixture(scope="module")
-def client(stack: LocalStack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def model_id(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
-
-
 def request_log_lines(stack: LocalStack) -> list[str]:
     assert stack.log_dir is not None
     text = (stack.log_dir / "frontend.log").read_text(errors="replace")

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import openai
-import pytest
 from transformers import AutoTokenizer
 
 from services.launch import LocalStack
@@ -14,16 +13,6 @@ MESSAGES = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "Name three colours, please."},
 ]
-
-
-@pytest.fixture(scope="module")
-def client(stack: LocalStack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def model_id(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
 
 
 def expected_prompt_tokens(model_dir: Path, messages: list[dict]) -> int:
