@@ -167,3 +167,21 @@ def test_prometheus_scrapes_each_compose_service_on_its_metrics_port() -> None:
         command = services[name]["command"]
         expected.add(f"{name}:{command[command.index('--metrics-port') + 1]}")
     assert targets == expected
+
+
+def test_k8s_scrape_annotations_name_the_port_each_pod_serves_metrics_on() -> None:
+    annotated = set()
+    for doc in yaml.safe_load_all(render("base")):
+        template = doc.get("spec", {}).get("template")
+        if not template:
+            continue
+        notes = template["metadata"].get("annotations", {})
+        (container,) = template["spec"]["containers"]
+        args, ports = container["args"], {p["containerPort"] for p in container["ports"]}
+        assert notes.get("prometheus.io/scrape") == "true", doc["metadata"]["name"]
+        port = int(notes["prometheus.io/port"])
+        assert port in ports
+        if "--metrics-port" in args:
+            assert port == int(args[args.index("--metrics-port") + 1])
+        annotated.add(args[0])
+    assert annotated == {"gateway", "frontend", "scheduler", "detokenizer"}
