@@ -92,11 +92,33 @@ _FACTORIES = {
 }
 
 
+class _MethodMetrics:
+    """One method's labelled series, looked up once instead of on every call."""
+
+    def __init__(self, metrics: RpcMetrics, labels: tuple[str, str, str]) -> None:
+        self._metrics, self._labels = metrics, labels
+        self.started = metrics.started.labels(*labels)
+        self.received = metrics.msg_received.labels(*labels)
+        self.sent = metrics.msg_sent.labels(*labels)
+        self.seconds = metrics.handling_seconds.labels(*labels)
+        self._handled: dict[str, Counter] = {}
+
+    def handled(self, code: str) -> Counter:
+        if code not in self._handled:
+            self._handled[code] = self._metrics.handled.labels(*self._labels, code)
+        return self._handled[code]
+
+
 class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
-    """Records started/handled counts, latency and message counts for every RPC."""
+    """Records started/handled counts, latency and message counts for every RPC.
+
+    The measuring handler is built once per method and reused: a method's behavior
+    and labels never change while the server runs.
+    """
 
     def __init__(self, metrics: RpcMetrics) -> None:
         self._metrics = metrics
+        self._wrapped: dict[str, tuple[Callable, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(
         self,
@@ -112,23 +134,31 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
             or handler.unary_stream
             or handler.unary_unary
         )
+        cached = self._wrapped.get(handler_call_details.method)
+        if cached is not None and cached[0] is behavior:
+            return cached[1]
+        wrapped = self._wrap(handler, behavior, handler_call_details.method)
+        self._wrapped[handler_call_details.method] = (behavior, wrapped)
+        return wrapped
+
+    def _wrap(
+        self, handler: grpc.RpcMethodHandler, behavior: Callable, method: str
+    ) -> grpc.RpcMethodHandler:
         is_gen = inspect.isasyncgenfunction(behavior)
         if not (is_gen or inspect.iscoroutinefunction(behavior)):
             return handler  # sync behaviors run in grpc's thread pool; don't move them.
         rpc_type = _rpc_type(handler)
-        labels = (*_split_method(handler_call_details.method), rpc_type)
-        m = self._metrics
-        received, sent = m.msg_received.labels(*labels), m.msg_sent.labels(*labels)
+        m = _MethodMetrics(self._metrics, (*_split_method(method), rpc_type))
 
         def begin(request: Any) -> tuple[Any, float]:
-            m.started.labels(*labels).inc()
+            m.started.inc()
             if not handler.request_streaming:
-                received.inc()
+                m.received.inc()
                 return request, time.perf_counter()
 
             async def counted() -> AsyncIterator[Any]:
                 async for message in request:
-                    received.inc()
+                    m.received.inc()
                     yield message
 
             return counted(), time.perf_counter()
@@ -136,15 +166,15 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
         def finish(
             context: grpc.aio.ServicerContext, error: BaseException | None, start: float
         ) -> None:
-            m.handled.labels(*labels, _code_name(context, error)).inc()
-            m.handling_seconds.labels(*labels).observe(time.perf_counter() - start)
+            m.handled(_code_name(context, error)).inc()
+            m.seconds.observe(time.perf_counter() - start)
 
         async def wrapped_gen(request: Any, context: grpc.aio.ServicerContext) -> Any:
             request, start = begin(request)
             error: BaseException | None = None
             try:
                 async for response in behavior(request, context):
-                    sent.inc()
+                    m.sent.inc()
                     yield response
             except BaseException as exc:
                 error = exc
@@ -158,7 +188,7 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
             try:
                 response = await behavior(request, context)
                 if not handler.response_streaming:
-                    sent.inc()
+                    m.sent.inc()
                 return response
             except BaseException as exc:
                 error = exc
