@@ -101,8 +101,9 @@ class EngineThread:
                 if self.scheduler.has_work:
                     rows = self.scheduler.step()
                     self._publish_stats()
+                    stats = self.scheduler.take_stats()  # taken even if unused: it grows
                     if self.on_stats is not None:
-                        self.on_stats(self.scheduler.take_stats())
+                        self.on_stats(stats)
                     if rows:
                         self.outbox.put(rows)
         except BaseException as exc:  # the thread must report, not vanish
