@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench import observability
 
 
@@ -18,8 +20,8 @@ def test_short_run_writes_both_comparisons(default_model_dir: Path, tmp_path: Pa
     (row,) = result["engine"]
     assert row["concurrency"] == 2
     assert row["plain_step_ms"] > 0 and row["recorded_step_ms"] > 0 and row["record_us"] > 0
-    assert row["ratio"] == row["recorded_step_ms"] / row["plain_step_ms"]
+    assert row["ratio"] == pytest.approx(row["recorded_step_ms"] / row["plain_step_ms"])
     rpc = result["rpc"]
     assert min(rpc["plain_us"], rpc["noop_us"], rpc["intercepted_us"]) > 0
     assert 0 < row["record_share"] < 1
-    assert rpc["ratio"] == rpc["intercepted_us"] / rpc["plain_us"]
+    assert rpc["ratio"] == pytest.approx(rpc["intercepted_us"] / rpc["plain_us"])
