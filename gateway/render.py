@@ -114,7 +114,11 @@ def _delta(delta: openai_pb2.ChatDelta) -> dict[str, Any]:
 
 
 def chat_chunk_to_dict(
-    chunk: openai_pb2.ChatCompletionChunk, *, include_usage: bool, logprobs: bool
+    chunk: openai_pb2.ChatCompletionChunk,
+    *,
+    include_usage: bool,
+    logprobs: bool,
+    debug: bool = False,
 ) -> dict[str, Any]:
     """One `chat.completion.chunk` SSE payload."""
     choices = [
@@ -129,6 +133,7 @@ def chat_chunk_to_dict(
     ]
     out = _header(chunk, "chat.completion.chunk") | {"choices": choices}
     _put_usage(out, chunk, include_usage)
+    _put_debug(out, chunk, debug)
     return out
 
 
@@ -146,7 +151,7 @@ def _response_message(message: openai_pb2.ChatResponseMessage) -> dict[str, Any]
 
 
 def chat_completion_to_dict(
-    completion: openai_pb2.ChatCompletion, *, logprobs: bool
+    completion: openai_pb2.ChatCompletion, *, logprobs: bool, debug: bool = False
 ) -> dict[str, Any]:
     """The non-streamed `chat.completion` object."""
     choices = [
@@ -161,6 +166,7 @@ def chat_completion_to_dict(
     ]
     out = _header(completion, "chat.completion") | {"choices": choices}
     _put_usage(out, completion, include_usage=True)
+    _put_debug(out, completion, debug)
     return out
 
 
@@ -181,6 +187,7 @@ def completion_to_dict(
     *,
     include_usage: bool,
     logprobs: bool,
+    debug: bool = False,
 ) -> dict[str, Any]:
     """A `text_completion` object: the whole response or one streamed chunk."""
     choices = [
@@ -195,6 +202,7 @@ def completion_to_dict(
     ]
     out = _header(completion, "text_completion") | {"choices": choices}
     _put_usage(out, completion, include_usage)
+    _put_debug(out, completion, debug)
     return out
 
 
@@ -230,9 +238,13 @@ def generate_to_dict(response: generate_pb2.GenerateResponse) -> dict[str, Any]:
     )
 
 
-def debug_to_dict(times: common_pb2.StageTimes) -> dict[str, Any]:
-    """Where one request's time went: the stamps, and each stage in milliseconds."""
-    return {
+def _put_debug(out: dict[str, Any], message: Any, debug: bool) -> None:
+    """Where a request's time went, when the client asked (``X-Tokenline-Debug``): the
+    stamps and each stage in milliseconds, on a whole response or a finish chunk."""
+    if not debug or not message.HasField("times"):
+        return
+    times: common_pb2.StageTimes = message.times
+    out["debug"] = {
         "times": json_format.MessageToDict(times, preserving_proto_field_name=True),
         "stages_ms": {
             stage: round(seconds * 1000, 3) for stage, seconds in stage_durations(times).items()

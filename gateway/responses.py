@@ -76,6 +76,20 @@ class ToolCall(_Out):
     function: ToolCallFunction
 
 
+class Debug(_Out):
+    """A request's stamps (see StageTimes) and its stages in milliseconds."""
+
+    times: dict[str, float]
+    stages_ms: dict[str, float]
+
+
+_DEBUG = Field(
+    None,
+    description="only with header `X-Tokenline-Debug: 1`: on the response, or on each "
+    "choice's finish chunk when streaming",
+)
+
+
 class _Header(_Out):
     id: str
     created: int
@@ -105,6 +119,7 @@ class ChatCompletion(_Header):
     object: Literal["chat.completion"]
     choices: list[ChatChoice]
     usage: Usage | None = Field(description="null only if the frontend reported none")
+    debug: Debug | None = _DEBUG
 
 
 class ToolCallFunctionDelta(_Out):
@@ -141,6 +156,7 @@ class ChatCompletionChunk(_Header):
     object: Literal["chat.completion.chunk"]
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    debug: Debug | None = _DEBUG
 
 
 # ---- completions ---------------------------------------------------------------------
@@ -168,6 +184,7 @@ class Completion(_Header):
     object: Literal["text_completion"]
     choices: list[CompletionChoice]
     usage: Usage | None = None
+    debug: Debug | None = _DEBUG
 
 
 # ---- models, native, ops -------------------------------------------------------------

@@ -17,7 +17,6 @@ from gateway.render import (
     chat_chunk_to_dict,
     chat_completion_to_dict,
     completion_to_dict,
-    debug_to_dict,
     model_list_to_dict,
     model_to_dict,
 )
@@ -27,6 +26,12 @@ from gateway.sse import stream_response
 
 router = APIRouter(tags=["openai"])
 DEBUG_HEADER = "x-tokenline-debug"
+
+
+def _wants_debug(request: Request) -> bool:
+    """``X-Tokenline-Debug: 1`` adds each request's stage breakdown (``debug``) to the
+    response, or to each choice's finish chunk when streaming."""
+    return request.headers.get(DEBUG_HEADER, "").lower() in ("1", "true", "yes", "on")
 
 
 def _include_usage(body: SharedRequestBody) -> bool:
@@ -45,15 +50,19 @@ async def chat_completions(body: ChatCompletionBody, request: Request) -> Respon
     client: FrontendClient = request.state.frontend
     rid: str = request.state.request_id
     proto = chat_request_to_proto(body, rid)
+    debug = _wants_debug(request)
     if body.stream:
         call = client.stub.ChatCompletionStream(proto, **client.options(rid))
         render = partial(
-            chat_chunk_to_dict, include_usage=_include_usage(body), logprobs=body.logprobs
+            chat_chunk_to_dict,
+            include_usage=_include_usage(body),
+            logprobs=body.logprobs,
+            debug=debug,
         )
         return await stream_response(request, call, render)
     unary = client.stub.ChatCompletion(proto, **client.options(rid))
     result = await until_disconnected(request, unary, unary)
-    return _unary_response(request, chat_completion_to_dict(result, logprobs=body.logprobs), result)
+    return JSONResponse(chat_completion_to_dict(result, logprobs=body.logprobs, debug=debug))
 
 
 @router.post(
@@ -69,25 +78,17 @@ async def completions(body: CompletionBody, request: Request) -> Response:
     rid: str = request.state.request_id
     proto = completion_request_to_proto(body, rid)
     render = partial(
-        completion_to_dict, include_usage=_include_usage(body), logprobs=body.logprobs is not None
+        completion_to_dict,
+        include_usage=_include_usage(body),
+        logprobs=body.logprobs is not None,
+        debug=_wants_debug(request),
     )
     if body.stream:
         call = client.stub.CompletionStream(proto, **client.options(rid))
         return await stream_response(request, call, render)
     unary = client.stub.Completion(proto, **client.options(rid))
     result = await until_disconnected(request, unary, unary)
-    return _unary_response(request, render(result), result)
-
-
-def _unary_response(
-    request: Request,
-    out: dict[str, Any],
-    result: openai_pb2.ChatCompletion | openai_pb2.Completion,
-) -> JSONResponse:
-    """The rendered response, plus its stage breakdown when ``X-Tokenline-Debug`` asks."""
-    if request.headers.get(DEBUG_HEADER, "").lower() in ("1", "true", "yes", "on"):
-        out["debug"] = debug_to_dict(result.times)
-    return JSONResponse(out)
+    return JSONResponse(render(result))
 
 
 async def _list_models(request: Request) -> openai_pb2.ModelList:

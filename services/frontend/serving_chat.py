@@ -110,7 +110,9 @@ class ChatServing(ServingBase):
                     yield out
                 if row.HasField("finish_reason"):
                     usages.append(row.usage)
-                    yield chunks.finish_chunk(index, row.finish_reason, usage)
+                    done = chunks.finish_chunk(index, row.finish_reason, usage)
+                    done.times.CopyFrom(row.times)
+                    yield done
         if include_usage:
             yield chunks.make(usage_of(usages))
 

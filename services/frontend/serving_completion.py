@@ -116,6 +116,7 @@ class CompletionServing(ServingBase):
                 if row.HasField("finish_reason"):
                     choice.finish_reason = finish_name(row.finish_reason)
                     set_matched_stop(choice, row.finish_reason)
+                    out.times.CopyFrom(row.times)
                 if continuous:
                     out.usage.CopyFrom(self._running(accs, prep.num_prompt_tokens))
                 yield out

@@ -108,7 +108,9 @@ def chat_chunks(req: openai_pb2.ChatCompletionRequest) -> list[openai_pb2.ChatCo
         for i in range(n):
             lp = _logprobs(piece) if req.logprobs else None
             out.append(chunk(index=i, delta=openai_pb2.ChatDelta(content=piece), logprobs=lp))
-    out += [chunk(index=i, delta=openai_pb2.ChatDelta(), finish_reason="stop") for i in range(n)]
+    for i in range(n):
+        out.append(chunk(index=i, delta=openai_pb2.ChatDelta(), finish_reason="stop"))
+        out[-1].times.CopyFrom(TIMES)
     if req.stream_options.include_usage:
         out.append(openai_pb2.ChatCompletionChunk(
             id="chatcmpl-fake", object="chat.completion.chunk", created=CREATED, model=MODEL_ID,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Iterator
 
@@ -308,3 +309,20 @@ def test_debug_header_adds_the_stage_breakdown(gateway_url: str) -> None:
     assert debug["times"]["detokenized"] == TIMES.detokenized
     assert debug["stages_ms"]["prefill"] == pytest.approx(10.0)
     assert debug["stages_ms"]["end_to_end"] == pytest.approx(21.0)
+
+
+def test_debug_header_puts_the_breakdown_on_each_finish_chunk(gateway_url: str) -> None:
+    def frames(headers: dict[str, str]) -> list[dict]:
+        body = {**CHAT, "stream": True, "n": 2}
+        with httpx.stream(
+            "POST", f"{gateway_url}/v1/chat/completions", json=body, headers=headers, timeout=10
+        ) as resp:
+            lines = [line for line in resp.iter_lines() if line.startswith("data: {")]
+        return [json.loads(line.removeprefix("data: ")) for line in lines]
+
+    assert not [f for f in frames({}) if "debug" in f]
+    got = frames({"X-Tokenline-Debug": "1"})
+    with_debug = [f for f in got if "debug" in f]
+    assert [f["choices"][0]["index"] for f in with_debug] == [0, 1]
+    assert all(f["choices"][0]["finish_reason"] == "stop" for f in with_debug)
+    assert with_debug[0]["debug"]["stages_ms"]["detokenize"] == pytest.approx(1.0)

@@ -94,9 +94,13 @@ def test_a_known_mix_is_counted_exactly(
             stream=True,
             stream_options={"include_usage": True},
             extra_body={"ignore_eos": True},
+            extra_headers={"X-Tokenline-Debug": "1"},
         )
     )
     usages.append(chunks[-1].usage)
+    (finish_chunk,) = [c for c in chunks if c.model_extra.get("debug")]
+    assert finish_chunk.choices[0].finish_reason == "length"
+    assert finish_chunk.model_extra["debug"]["stages_ms"]["decode"] > 0
     (finish,) = filter(None, (c.choices[0].finish_reason for c in chunks if c.choices))
     finishes[finish] += 1
     with pytest.raises(openai.BadRequestError):
