@@ -147,7 +147,7 @@ def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> 
     frontend_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     def on_finished(row: detokenizer_pb2.StrRow) -> None:
-        metrics.observe_times(row.times)
+        metrics.observe_finished(row)
         log_finished(row)
 
     manager = TokenizerManager(

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
-from tokenline.v1 import common_pb2
+from tokenline.v1 import detokenizer_pb2
 
 from services.common.stages import stage_durations
+from services.frontend.output import finish_name
 
 _SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -41,7 +42,8 @@ class FrontendMetrics:
         )
         self.finished = Counter(
             "tokenline_frontend_finished_choices",
-            "choices that reached a final row",
+            "choices that reached a final row, by finish reason",
+            ["finish_reason"],
             registry=registry,
         )
         self.live_requests = Gauge(
@@ -51,9 +53,10 @@ class FrontendMetrics:
             "tokenline_frontend_aborts_sent", "AbortReq sent to schedulers", registry=registry
         )
 
-    def observe_times(self, times: common_pb2.StageTimes) -> None:
-        self.finished.inc()
-        for stage, seconds in stage_durations(times).items():
+    def observe_finished(self, row: detokenizer_pb2.StrRow) -> None:
+        """One choice's final row: its finish reason and its stage times."""
+        self.finished.labels(finish_name(row.finish_reason)).inc()
+        for stage, seconds in stage_durations(row.times).items():
             self.stage_seconds.labels(stage).observe(seconds)
 
     def observe_batch(self, size: int, seconds: float) -> None:

@@ -44,19 +44,22 @@ def test_the_tiling_stages_add_up_to_end_to_end() -> None:
 def test_every_stage_is_observed_from_the_stamps() -> None:
     registry = CollectorRegistry()
     metrics = FrontendMetrics(registry)
-    metrics.observe_times(TIMES)
+    metrics.observe_finished(final_row())
     for stage in STAGES:
         assert sample(registry, "tokenline_frontend_stage_seconds_count", stage=stage) == 1
     ttft = sample(registry, "tokenline_frontend_stage_seconds_sum", stage="time_to_first_token")
     assert ttft == pytest.approx(0.050)
-    assert sample(registry, "tokenline_frontend_finished_choices_total") == 1
+    finished = sample(registry, "tokenline_frontend_finished_choices_total", finish_reason="length")
+    assert finished == 1
 
 
 def test_missing_or_skewed_stamps_are_skipped_not_counted_as_zero() -> None:
     registry = CollectorRegistry()
     metrics = FrontendMetrics(registry)
     # A detokenizer clock behind the scheduler's: "detokenize" would be negative.
-    metrics.observe_times(common_pb2.StageTimes(received=1.0, finished=2.0, detokenized=1.5))
+    skewed = detokenizer_pb2.StrRow(rid="r")
+    skewed.times.CopyFrom(common_pb2.StageTimes(received=1.0, finished=2.0, detokenized=1.5))
+    metrics.observe_finished(skewed)
     assert sample(registry, "tokenline_frontend_stage_seconds_count", stage="end_to_end") == 1
     assert sample(registry, "tokenline_frontend_stage_seconds_count", stage="detokenize") is None
     assert sample(registry, "tokenline_frontend_stage_seconds_count", stage="queue") is None

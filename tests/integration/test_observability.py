@@ -139,7 +139,9 @@ def test_a_known_mix_is_counted_exactly(
     front = d["frontend"]
     for stage in ("template", "tokenize", "dispatch", "queue", "prefill", "decode", "detokenize"):
         assert front("tokenline_frontend_stage_seconds_count", stage=stage) == num, stage
-    assert front("tokenline_frontend_finished_choices_total") == num
+    for reason in ("stop", "length"):
+        expected = finishes.get(reason, 0)
+        assert front("tokenline_frontend_finished_choices_total", finish_reason=reason) == expected
     assert front("tokenline_frontend_tokenizer_batch_size_sum") >= num
     handled = "tokenline_grpc_server_handled_total"
     assert front(handled, grpc_method="ChatCompletion", grpc_code="OK") == 3
