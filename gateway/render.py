@@ -15,7 +15,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from tokenline.v1 import common_pb2, generate_pb2, openai_pb2
 
-from services.common.stages import stage_durations
+from services.common.stages import stage_durations_ms
 
 # What vLLM sends for -inf logprobs: JSON has no infinity.
 _MIN_LOGPROB = -9999.0
@@ -246,7 +246,5 @@ def _put_debug(out: dict[str, Any], message: Any, debug: bool) -> None:
     times: common_pb2.StageTimes = message.times
     out["debug"] = {
         "times": json_format.MessageToDict(times, preserving_proto_field_name=True),
-        "stages_ms": {
-            stage: round(seconds * 1000, 3) for stage, seconds in stage_durations(times).items()
-        },
+        "stages_ms": stage_durations_ms(times),
     }

@@ -23,6 +23,7 @@ from gateway.render import (
 from gateway.responses import ChatCompletion, ChatCompletionChunk, Completion, Model, ModelList
 from gateway.schemas import ChatCompletionBody, CompletionBody, SharedRequestBody
 from gateway.sse import stream_response
+from services.common.envs import TRUE_WORDS
 
 router = APIRouter(tags=["openai"])
 DEBUG_HEADER = "x-tokenline-debug"
@@ -31,7 +32,7 @@ DEBUG_HEADER = "x-tokenline-debug"
 def _wants_debug(request: Request) -> bool:
     """``X-Tokenline-Debug: 1`` adds each request's stage breakdown (``debug``) to the
     response, or to each choice's finish chunk when streaming."""
-    return request.headers.get(DEBUG_HEADER, "").lower() in ("1", "true", "yes", "on")
+    return request.headers.get(DEBUG_HEADER, "").lower() in TRUE_WORDS
 
 
 def _include_usage(body: SharedRequestBody) -> bool:

@@ -44,6 +44,19 @@ ENV_VARS: dict[str, EnvVar] = {
 }
 
 
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+
+def parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in TRUE_WORDS:
+        return True
+    if value in FALSE_WORDS:
+        return False
+    raise ValueError("expected 1/0, true/false, yes/no or on/off")
+
+
 def env_default(name: str, default: Any, parse: Callable[[str], Any] = str) -> Any:
     """The parsed value of a declared variable, or ``default`` when unset."""
     if name not in ENV_VARS:

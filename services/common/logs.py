@@ -11,19 +11,10 @@ import logging
 
 from pythonjsonlogger.json import JsonFormatter
 
-from services.common.envs import env_default
+from services.common.envs import env_default, parse_bool
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _JSON_FIELDS = {"asctime": "time", "levelname": "level", "name": "logger"}
-
-
-def parse_bool(raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected 1/0, true/false, yes/no or on/off")
 
 
 def add_logging_args(p: argparse.ArgumentParser, default_level: str = "INFO") -> None:

@@ -31,3 +31,8 @@ def stage_durations(times: common_pb2.StageTimes) -> dict[str, float]:
         if begin and done and done >= begin:
             out[stage] = done - begin
     return out
+
+
+def stage_durations_ms(times: common_pb2.StageTimes) -> dict[str, float]:
+    """``stage_durations`` in milliseconds, rounded to the microsecond, for people to read."""
+    return {stage: round(seconds * 1000, 3) for stage, seconds in stage_durations(times).items()}

@@ -11,7 +11,7 @@ from typing import Any
 
 from tokenline.v1 import detokenizer_pb2
 
-from services.common.stages import stage_durations
+from services.common.stages import stage_durations_ms
 from services.frontend.output import finish_name
 
 logger = logging.getLogger("tokenline.requests")
@@ -25,9 +25,7 @@ def request_fields(row: detokenizer_pb2.StrRow) -> dict[str, Any]:
         "prompt_tokens": row.usage.prompt_tokens,
         "completion_tokens": row.usage.completion_tokens,
         "cached_tokens": row.usage.cached_tokens,
-        "stages_ms": {
-            stage: round(seconds * 1000, 3) for stage, seconds in stage_durations(row.times).items()
-        },
+        "stages_ms": stage_durations_ms(row.times),
     }
 
 

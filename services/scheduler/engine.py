@@ -293,9 +293,10 @@ class Scheduler:
         now = time.time()
         for req, token, logprob in zip(reqs, out.token_ids, out.logprobs, strict=True):
             req.output_ids.append(token)
-            if len(req.output_ids) == 1:
+            if req.last_token_time is None:
                 req.times["first_token"] = now
             self.stats.on_token(req, now)
+            req.last_token_time = now
             finish = self.stop_checker.check(req)
             if finish is not None:
                 self._finish(req, finish, ReqStatus.FINISHED)

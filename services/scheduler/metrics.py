@@ -37,6 +37,9 @@ class SchedulerMetrics:
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, labels, buckets=buckets, registry=registry)
 
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=registry)
+
         self.prompt_tokens = counter(
             "tokenline:prompt_tokens", "prompt tokens of requests that got a first token"
         ).labels(model_name)
@@ -98,19 +101,15 @@ class SchedulerMetrics:
             "tokenline:iteration_tokens_total", "tokens computed per engine step", _STEP_TOKENS
         ).labels(model_name)
 
-        self.num_running = Gauge(
-            "tokenline:num_requests_running", "requests in the running batch", labels,
-            registry=registry,
-        ).labels(model_name)  # fmt: skip
-        self.num_waiting = Gauge(
-            "tokenline:num_requests_waiting", "requests waiting to be scheduled", labels,
-            registry=registry,
-        ).labels(model_name)  # fmt: skip
-        self.kv_cache_usage = Gauge(
+        self.num_running = gauge(
+            "tokenline:num_requests_running", "requests in the running batch"
+        ).labels(model_name)
+        self.num_waiting = gauge(
+            "tokenline:num_requests_waiting", "requests waiting to be scheduled"
+        ).labels(model_name)
+        self.kv_cache_usage = gauge(
             "tokenline:kv_cache_usage_perc",
             "fraction of the KV pool held by requests (1 = full); evictable cache counts free",
-            labels,
-            registry=registry,
         ).labels(model_name)
 
     def record(self, stats: SchedulerStats) -> None:

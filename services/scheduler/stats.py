@@ -30,14 +30,15 @@ class FinishedReqStats:
 
     @classmethod
     def of(cls, req: Req) -> FinishedReqStats:
+        assert req.finish is not None, "stats of a request that has not finished"
         t = req.times
-        queued, scheduled = t.get("queued"), t.get("scheduled")
+        queued, scheduled = t["queued"], t.get("scheduled")
         first, finished = t.get("first_token"), t["finished"]
         return cls(
-            finish_reason=req.finish.kind if req.finish else "abort",
+            finish_reason=req.finish.kind,
             num_prompt_tokens=len(req.input_ids),
             num_generation_tokens=len(req.output_ids),
-            e2e_s=finished - queued if queued else 0.0,
+            e2e_s=finished - queued,
             queue_s=_span(queued, scheduled),
             prefill_s=_span(scheduled, first),
             decode_s=_span(first, finished),
@@ -59,14 +60,13 @@ class SchedulerStats:
     finished: list[FinishedReqStats] = field(default_factory=list)
 
     def on_token(self, req: Req, now: float) -> None:
-        """``req`` just got a sampled token (already appended to its output)."""
+        """``req`` just got a sampled token; ``req.last_token_time`` is still the previous one's."""
         self.num_generation_tokens += 1
-        if len(req.output_ids) == 1:
+        if req.last_token_time is None:
             self.num_prompt_tokens += len(req.input_ids)
-            self.time_to_first_token_s.append(now - req.times.get("queued", now))
-        elif req.last_token_time is not None:
+            self.time_to_first_token_s.append(now - req.times["queued"])
+        else:
             self.inter_token_latency_s.append(now - req.last_token_time)
-        req.last_token_time = now
 
 
 def _span(start: float | None, end: float | None) -> float | None:

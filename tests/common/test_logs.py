@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from services.common.logs import add_logging_args, parse_bool
+from services.common.envs import parse_bool
+from services.common.logs import add_logging_args
 from services.launch import free_port
 
 
