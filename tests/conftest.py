@@ -1,12 +1,15 @@
-"""Shared fixtures: the embedded default model, built once per checkout."""
+"""Shared fixtures: the embedded default model, built once per checkout, and a live stack."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from services.common.default_model import ensure_default_model
+from services.launch import LocalStack
+from tests.live_stack import running_stack
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "tokenline-tiny"
@@ -16,3 +19,22 @@ DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "tokenline-tiny"
 def default_model_dir() -> Path:
     """``<repo>/models/tokenline-tiny``, built on first use (file-locked, atomic swap)."""
     return ensure_default_model(DEFAULT_MODEL_DIR)
+
+
+@pytest.fixture(scope="module")
+def stack(
+    default_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Iterator[LocalStack]:
+    """A fresh four-process stack per test module, logs dumped if a test fails.
+
+    Modules that need other flags define their own ``stack``.
+    """
+    with running_stack(
+        default_model_dir,
+        tmp_path_factory.mktemp("stack-logs"),
+        request,
+        scheduler_args=["--kv-cache-tokens", "16384", "--num-threads", "1"],
+    ) as stack:
+        yield stack

@@ -1,31 +1,11 @@
-"""A live four-process stack on free loopback ports, shared by a test module, and an
-openai client on its gateway."""
+"""An openai client on the gateway of the module's live stack (``stack``, tests/conftest.py)."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
 
 from services.launch import LocalStack
-from tests.live_stack import running_stack
-
-
-@pytest.fixture(scope="module")
-def stack(
-    default_model_dir: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-    request: pytest.FixtureRequest,
-) -> Iterator[LocalStack]:
-    with running_stack(
-        default_model_dir,
-        tmp_path_factory.mktemp("stack-logs"),
-        request,
-        scheduler_args=["--kv-cache-tokens", "16384", "--num-threads", "1"],
-    ) as stack:
-        yield stack
 
 
 @pytest.fixture(scope="module")

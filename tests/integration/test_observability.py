@@ -48,6 +48,11 @@ class Delta:
         return total(self.after, name, **labels) - total(self.before, name, **labels)
 
 
+def since(stack: LocalStack, service: str, before: Series) -> Delta:
+    """What changed in ``service``'s metrics from ``before`` to a scrape now."""
+    return Delta(before, scrape(stack, service))
+
+
 def wait_for(check, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -113,9 +118,9 @@ def test_a_known_mix_is_counted_exactly(
     generated = sum(u.completion_tokens for u in usages)
     cached = sum(u.prompt_tokens_details.cached_tokens for u in usages)
     # The scheduler hands its stats over after each step; wait for the last one.
-    scheduler = lambda: Delta(before["scheduler"], scrape(stack, "scheduler"))  # noqa: E731
-    wait_for(lambda: scheduler()("tokenline:e2e_request_latency_seconds_count") == num)
-    d = {s: Delta(before[s], scrape(stack, s)) for s in SERVICES}
+    ended = "tokenline:e2e_request_latency_seconds_count"
+    wait_for(lambda: since(stack, "scheduler", before["scheduler"])(ended) == num)
+    d = {s: since(stack, s, before[s]) for s in SERVICES}
 
     sched = d["scheduler"]
     for reason in ("stop", "length", "abort"):
@@ -188,9 +193,9 @@ def test_an_abandoned_stream_is_counted_as_an_abort(
     for _, _chunk in zip(range(3), stream, strict=False):
         pass
     stream.close()
-    delta = lambda: Delta(before, scrape(stack, "scheduler"))  # noqa: E731
-    wait_for(lambda: delta()("tokenline:request_success_total", finished_reason="abort") == 1)
-    d = delta()
+    aborted = "tokenline:request_success_total"
+    wait_for(lambda: since(stack, "scheduler", before)(aborted, finished_reason="abort") == 1)
+    d = since(stack, "scheduler", before)
     assert d("tokenline:request_success_total", finished_reason="length") == 0
     assert d("tokenline:e2e_request_latency_seconds_count") == 1
     assert 3 <= d("tokenline:generation_tokens_total") < 2000
@@ -203,10 +208,11 @@ def test_the_dashboard_queries_only_series_the_stack_exports(stack: LocalStack) 
 
 
 def test_gauges_report_an_idle_stack(stack: LocalStack) -> None:
-    series = scrape(stack, "scheduler")
     wait_for(lambda: total(scrape(stack, "scheduler"), "tokenline:num_requests_running") == 0)
+    series = scrape(stack, "scheduler")
+    assert total(series, "tokenline:num_requests_running") == 0
     assert total(series, "tokenline:num_requests_waiting") == 0
-    usage = total(scrape(stack, "scheduler"), "tokenline:kv_cache_usage_perc")
+    usage = total(series, "tokenline:kv_cache_usage_perc")
     assert 0.0 <= usage < 0.01  # nothing runs: only evictable cache may remain
     detok = scrape(stack, "detokenizer")
     assert total(detok, "tokenline_detokenizer_live_states") == 0
