@@ -1,4 +1,4 @@
-"""Drains the engine outbox into one long-lived PushTokenBatches stream."""
+"""Carries the engine's per-step rows onto one long-lived PushTokenBatches stream."""
 
 from __future__ import annotations
 
@@ -6,43 +6,53 @@ import asyncio
 import collections
 import contextlib
 import logging
-import queue
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from tokenline.v1 import detokenizer_pb2_grpc, scheduler_pb2
 
-from services.scheduler.engine_thread import EngineThread
+from services.scheduler.engine import OutputRow
 from services.scheduler.protocol import rows_to_batch_pb
 
 logger = logging.getLogger(__name__)
 
-_MAX_UNSENT = 8  # batches held in the loop; past this the engine thread's outbox fills
+MAX_UNSENT_STEPS = 8  # steps handed over but not yet taken by gRPC; past this the engine waits
 
 
 class DetokenizerPusher:
     """Sends each step's rows to the detokenizer, in order, reconnecting on failure.
 
-    One task (the bridge) is the only reader of the engine outbox; it appends
-    batches to ``_unsent``. A stream attempt yields the head of ``_unsent`` and
-    removes it only when gRPC asks for the next message, and only while that
-    attempt is the current one: grpc may keep pulling from a failed attempt's
-    iterator, which must not consume a batch. Nothing is lost while the
-    detokenizer is unreachable. A stream that breaks after it carried rows may
-    have lost some in flight, and the detokenizer drops the decode state of the
-    requests it opened; those requests are aborted here too, so every process
-    frees them and their clients get an error instead of a hang. ``close`` ends
-    the stream once everything is sent, so a draining scheduler delivers its last rows.
+    The engine thread calls ``publish``, which hands the rows to the event loop with
+    ``call_soon_threadsafe`` (no polling) and blocks while ``max_unsent`` steps are
+    still unsent: a stalled detokenizer bounds memory and stalls the engine instead.
+    On the loop the rows become one ``BatchTokenIDOutput`` appended to ``_unsent``.
+    A stream attempt yields the head of ``_unsent`` and removes it only when gRPC
+    asks for the next message, and only while that attempt is the current one: grpc
+    may keep pulling from a failed attempt's iterator, which must not consume a batch.
+    Nothing is lost while the detokenizer is unreachable. A stream that breaks after
+    it carried rows may have lost some in flight, and the detokenizer drops the decode
+    state of the requests it opened; ``on_stream_lost`` aborts those requests, so every
+    process frees them and their clients get an error instead of a hang. ``close``
+    ends the stream once everything is sent, so a draining scheduler delivers its last rows.
     """
 
-    def __init__(self, engine: EngineThread, detokenizer_addr: str) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        detokenizer_addr: str,
+        on_stream_lost: Callable[[str], None],
+        max_unsent: int = MAX_UNSENT_STEPS,
+    ) -> None:
         self.detokenizer_addr = detokenizer_addr
+        self.on_stream_lost = on_stream_lost
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
-        self._bridge: asyncio.Task | None = None
         self._unsent: collections.deque[scheduler_pb2.BatchTokenIDOutput] = collections.deque()
+        self._room = threading.BoundedSemaphore(max_unsent)
+        self._num_handed = 0  # published and not yet sent; guarded by _count_lock
+        self._count_lock = threading.Lock()
+        self._closed = threading.Event()
         self._changed = asyncio.Event()
-        self._in_transit = False
         self._attempt = 0
         self._carried_rows = False
         self._step = 0
@@ -50,43 +60,50 @@ class DetokenizerPusher:
 
     @property
     def is_flushed(self) -> bool:
-        return not self._unsent and not self._in_transit and self.engine.outbox.empty()
+        """Every published step has been taken by the stream."""
+        return self._num_handed == 0
 
     def start(self) -> None:
-        self._bridge = asyncio.create_task(self._move_rows(), name="outbox-bridge")
+        """Begin streaming; call on the event loop before the engine thread publishes."""
+        self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._run(), name="detokenizer-pusher")
+
+    def publish(self, rows: list[OutputRow]) -> None:
+        """Engine thread: hand one step's rows to the loop; waits while the stream lags."""
+        if self._loop is None:
+            raise RuntimeError("DetokenizerPusher.publish before start()")
+        while not self._room.acquire(timeout=0.2):
+            if self._closed.is_set():
+                logger.warning("pusher closed; %d rows of a step not sent", len(rows))
+                return
+        with self._count_lock:
+            self._num_handed += 1
+        self._loop.call_soon_threadsafe(self._append, rows)
 
     async def close(self, timeout: float = 5.0) -> None:
         """Finish the stream after the last queued rows; cancel past ``timeout``."""
-        if self._task is None or self._bridge is None:
+        if self._task is None:
             return
         self._closing = True
+        self._changed.set()
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout)
         except TimeoutError:
             self._task.cancel()
-        self._bridge.cancel()
-        await asyncio.gather(self._task, self._bridge, return_exceptions=True)
+        self._closed.set()
+        await asyncio.gather(self._task, return_exceptions=True)
 
-    async def _move_rows(self) -> None:
-        while True:
-            while len(self._unsent) >= _MAX_UNSENT:
-                await asyncio.sleep(0.005)
-            rows = await asyncio.to_thread(self._take)
-            if rows is not None:
-                self._step += 1
-                self._unsent.append(rows_to_batch_pb(self._step, rows))
-                self._in_transit = False
-                self._changed.set()
+    def _append(self, rows: list[OutputRow]) -> None:
+        self._step += 1
+        self._unsent.append(rows_to_batch_pb(self._step, rows))
+        self._changed.set()
 
-    def _take(self) -> list | None:
-        """Runs on a worker thread; marks rows in transit the moment they leave the outbox."""
-        try:
-            rows = self.engine.outbox.get(timeout=0.2)  # bounded: no thread outlives shutdown
-        except queue.Empty:
-            return None
-        self._in_transit = True
-        return rows
+    def _sent(self) -> None:
+        self._unsent.popleft()
+        self._carried_rows = True
+        with self._count_lock:
+            self._num_handed -= 1
+        self._room.release()
 
     async def _run(self) -> None:
         backoff = 0.05
@@ -102,7 +119,7 @@ class DetokenizerPusher:
                 logger.warning("detokenizer stream ended: %s; reconnecting", exc.code())
                 self._attempt += 1  # retire the failed attempt's iterator now
                 if self._carried_rows:
-                    self.engine.abort_started("detokenizer stream lost")
+                    self.on_stream_lost("detokenizer stream lost")
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
 
@@ -111,10 +128,9 @@ class DetokenizerPusher:
             if not self._unsent:
                 self._changed.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), timeout=0.2)
+                    await asyncio.wait_for(self._changed.wait(), timeout=1.0)
                 continue
             yield self._unsent[0]
             if attempt != self._attempt:
                 return  # a retired attempt: the next one re-sends this batch
-            self._unsent.popleft()
-            self._carried_rows = True
+            self._sent()

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 import torch
@@ -28,7 +30,7 @@ from services.scheduler.forward_batch import ForwardBatch
 from services.scheduler.kv_cache import KVCacheManager
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.config import ModelConfig
-from services.scheduler.req import FinishInfo, LogprobEntry, Req, ReqStatus
+from services.scheduler.req import DecodeFlags, FinishInfo, LogprobEntry, Req, ReqStatus
 from services.scheduler.sampler import SampleOutput, Sampler
 from services.scheduler.stats import FinishedReqStats, SchedulerStats
 from services.scheduler.stop_checker import StopChecker
@@ -52,14 +54,62 @@ class SchedulerConfig:
     enable_prefix_cache: bool = True
 
 
-@dataclass(slots=True)
-class OutputRow:
-    """What one request produced in one step (domain twin of TokenIDRow)."""
+# Prompt tokens sent with a request's first row so the detokenizer can seed its window
+# (a leading-space or byte-fallback token decodes differently without context).
+PROMPT_TAIL_TOKENS = 5
 
-    req: Req
-    new_token_ids: list[int]
+
+@dataclass(frozen=True, slots=True)
+class RowInit:
+    """What the detokenizer needs to start decoding a request: on its first row only."""
+
+    flags: DecodeFlags
+    prompt_tail_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OutputRow:
+    """What one request produced in one step (domain twin of TokenIDRow).
+
+    A snapshot made on the engine thread that shares nothing mutable with the live
+    ``Req``, so the transport may read it on another thread while the engine steps on.
+    """
+
+    rid: str
+    new_token_ids: tuple[int, ...]
     finish: FinishInfo | None
-    logprobs: list[LogprobEntry] = field(default_factory=list)
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    logprobs: tuple[LogprobEntry, ...] = ()
+    times: Mapping[str, float] | None = None  # the request's stage stamps, on its final row
+    init: RowInit | None = None
+
+    @classmethod
+    def of(
+        cls,
+        req: Req,
+        new_token_ids: Sequence[int],
+        finish: FinishInfo | None,
+        logprobs: Sequence[LogprobEntry] = (),
+    ) -> OutputRow:
+        """Snapshot ``req`` now; the first row of a request carries its ``RowInit``.
+        Engine thread only: it marks ``req.sent_init``."""
+        init = None
+        if not req.sent_init:
+            req.sent_init = True
+            init = RowInit(req.flags, tuple(req.input_ids[-PROMPT_TAIL_TOKENS:]))
+        return cls(
+            rid=req.rid,
+            new_token_ids=tuple(new_token_ids),
+            finish=finish,
+            num_prompt_tokens=len(req.input_ids),
+            num_output_tokens=len(req.output_ids),
+            num_cached_tokens=req.num_cached_tokens,
+            logprobs=tuple(logprobs),
+            times=MappingProxyType(dict(req.times)) if finish is not None else None,
+            init=init,
+        )
 
 
 @dataclass(slots=True)
@@ -105,7 +155,7 @@ class Scheduler:
             raise AlreadyExistsError(f"request id {req.rid!r} is already in flight", field="rid")
         if len(self.waiting) >= self.config.max_waiting_requests:
             raise ResourceExhaustedError("scheduler waiting queue is full")
-        self._validate(req)
+        self.validate(req)
         if req.params.seed is not None:
             req.generator = torch.Generator(device=self.device)
             req.generator.manual_seed(req.params.seed)
@@ -113,8 +163,10 @@ class Scheduler:
         self.reqs[req.rid] = req
         self.waiting.push(req)
 
-    def _validate(self, req: Req) -> None:
-        """The frontend validates too; this guards the engine from any other gRPC client."""
+    def validate(self, req: Req) -> None:
+        """INVALID_ARGUMENT unless ``req`` could run here. The frontend validates too; this
+        guards the engine from any other gRPC client. Reads only what never changes after
+        construction (model shape, config, pool size), so any thread may call it."""
         vocab_size = self.model.config.vocab_size
         if not req.input_ids:
             raise InvalidArgumentError("prompt has no tokens", field="prompt")
@@ -135,6 +187,13 @@ class Scheduler:
             return False
         self._end(req, FinishInfo("abort", message=reason), ReqStatus.ABORTED)
         return True
+
+    def refuse(self, req: Req, reason: str) -> None:
+        """End a request that was never queued: its only row, a final ``abort``, goes out
+        with the next step, so a client that was already told "accepted" hears why."""
+        req.status = ReqStatus.ABORTED
+        req.finish = FinishInfo("abort", message=reason)
+        self._pending_rows.append(OutputRow.of(req, [], req.finish))
 
     def flush_cache(self) -> bool:
         """Drop all cached prefixes; refused (False) while requests are running."""
@@ -300,13 +359,13 @@ class Scheduler:
             finish = self.stop_checker.check(req)
             if finish is not None:
                 self._finish(req, finish, ReqStatus.FINISHED)
-            rows.append(OutputRow(req, [token], finish, [logprob] if logprob else []))
+            rows.append(OutputRow.of(req, [token], finish, [logprob] if logprob else ()))
         return rows
 
     def _end(self, req: Req, finish: FinishInfo, status: ReqStatus = ReqStatus.FINISHED) -> None:
         """End a request outside the sampling path; its final row goes out next step."""
         self._finish(req, finish, status)
-        self._pending_rows.append(OutputRow(req, [], finish))
+        self._pending_rows.append(OutputRow.of(req, [], finish))
 
     def _finish(self, req: Req, finish: FinishInfo, status: ReqStatus) -> None:
         """The one place a request leaves the scheduler and its KV is released."""

@@ -1,8 +1,16 @@
-"""Runs the Scheduler on its own thread; the gRPC side talks to it via queues.
+"""Runs the Scheduler on its own thread; the gRPC side never waits for a step.
 
-The event loop never waits on a forward pass: commands go in through a bounded
-inbox, per-step outputs come out through a bounded outbox that the transport
-drains. Torch releases the GIL during kernels, so both sides make progress.
+Two halves with one rule: only the engine thread touches ``Scheduler`` and ``Req``.
+
+* Loop side (``add_request``, ``abort``): validate from immutable config, check the
+  live-rid table, put a command in the inbox and answer at once. A request submitted
+  mid-step joins the next step; its RPC does not wait for it.
+* Engine thread: drains the inbox between steps, steps, and hands each step's rows
+  (immutable ``OutputRow`` snapshots) to ``sink``. In the server the sink is the
+  detokenizer pusher, which moves them onto the event loop with
+  ``call_soon_threadsafe`` and bounds how many steps may be in flight.
+
+Torch releases the GIL during kernels, so both sides make progress.
 """
 
 from __future__ import annotations
@@ -14,28 +22,42 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.common.errors import ResourceExhaustedError, TokenlineError
+from services.common.errors import (
+    AlreadyExistsError,
+    ResourceExhaustedError,
+    TokenlineError,
+)
 from services.scheduler.engine import OutputRow, Scheduler
 from services.scheduler.req import Req
 from services.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 
+RowSink = Callable[[list[OutputRow]], None]
 
-@dataclass(slots=True)
+
+@dataclass(frozen=True, slots=True)
 class AddCommand:
     req: Req
-    done: Callable[[TokenlineError | None], None]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class AbortCommand:
     rid: str
     reason: str
-    done: Callable[[bool], None]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
+class AbortStartedCommand:
+    """Abort every live request whose first row already went downstream."""
+
+    reason: str
+
+
+Command = AddCommand | AbortCommand | AbortStartedCommand
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStats:
     """A snapshot published after every step; read from any thread."""
 
@@ -49,22 +71,58 @@ class EngineStats:
     num_retractions: int = 0
 
 
+class LiveRids:
+    """The rids this scheduler holds, from acceptance to their final row: the table the
+    loop side answers duplicates, capacity and ``Abort.found`` from. Thread-safe."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._aborting: dict[str, bool] = {}  # rid -> an abort was already requested
+
+    def __len__(self) -> int:
+        return len(self._aborting)
+
+    def claim(self, rid: str) -> None:
+        with self._lock:
+            if rid in self._aborting:
+                raise AlreadyExistsError(f"request id {rid!r} is already in flight", field="rid")
+            if len(self._aborting) >= self.capacity:
+                raise ResourceExhaustedError("scheduler waiting queue is full, retry later")
+            self._aborting[rid] = False
+
+    def mark_aborting(self, rid: str) -> bool:
+        """True the first time a live rid is aborted; False when unknown or already aborting."""
+        with self._lock:
+            if self._aborting.get(rid, True):
+                return False
+            self._aborting[rid] = True
+            return True
+
+    def release(self, rid: str) -> None:
+        with self._lock:
+            self._aborting.pop(rid, None)
+
+
 class EngineThread:
     def __init__(
         self,
         scheduler: Scheduler,
+        sink: RowSink,
         inbox_size: int = 8192,
-        outbox_size: int = 256,
         on_stats: Callable[[SchedulerStats], None] | None = None,
     ):
         self.scheduler = scheduler
+        self.sink = sink  # gets each step's rows on this thread; may block (backpressure)
         self.on_stats = on_stats  # gets the engine's counts after every step, on this thread
-        self.inbox: queue.Queue[AddCommand | AbortCommand | None] = queue.Queue(inbox_size)
-        self.outbox: queue.Queue[list[OutputRow]] = queue.Queue(outbox_size)
+        self.inbox: queue.Queue[Command | None] = queue.Queue(inbox_size)
+        config = scheduler.config
+        self.live = LiveRids(config.max_waiting_requests + config.max_running_requests)
         self.stats = EngineStats(num_total_kv_tokens=scheduler.kv_pool.num_tokens)
         self._publish_stats()
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._stopped = threading.Event()
+        self._idle = threading.Event()  # set while the thread waits with nothing to do
         self.fatal_error: BaseException | None = None
 
     def start(self) -> None:
@@ -78,60 +136,94 @@ class EngineThread:
 
     @property
     def is_idle(self) -> bool:
-        """No request queued or running and no output waiting to be sent."""
-        return not self.scheduler.has_work and self.inbox.empty() and self.outbox.empty()
+        """No request queued or running and no command waiting; its rows were handed over."""
+        return self._idle.is_set() and self.inbox.empty()
+
+    # ---- loop side ---------------------------------------------------------------
+
+    def add_request(self, req: Req) -> None:
+        """Accept ``req`` or raise (INVALID_ARGUMENT, ALREADY_EXISTS, RESOURCE_EXHAUSTED).
+        Never waits for the engine: an accepted request joins the next step."""
+        self.scheduler.validate(req)
+        self.live.claim(req.rid)
+        try:
+            self._submit(AddCommand(req))
+        except ResourceExhaustedError:
+            self.live.release(req.rid)
+            raise
+
+    def abort(self, rid: str, reason: str) -> bool:
+        """Ask the engine to end ``rid``; False when it is unknown or already being aborted."""
+        if not self.live.mark_aborting(rid):
+            return False
+        self._submit(AbortCommand(rid, reason))
+        return True
 
     def abort_started(self, reason: str) -> None:
         """Abort every live request whose first row has been sent downstream."""
-        for req in list(self.scheduler.reqs.values()):
-            if req.sent_init:
-                self.submit(AbortCommand(req.rid, reason, lambda _found: None))
+        self._submit(AbortStartedCommand(reason))
 
-    def submit(self, command: AddCommand | AbortCommand) -> None:
+    def _submit(self, command: Command) -> None:
         """Non-blocking; RESOURCE_EXHAUSTED when the inbox is full."""
         try:
             self.inbox.put_nowait(command)
         except queue.Full:
             raise ResourceExhaustedError("scheduler inbox is full, retry later") from None
 
+    # ---- engine thread -------------------------------------------------------------
+
     def _loop(self) -> None:
         try:
             while not self._stopped.is_set():
                 self._drain_inbox(block=not self.scheduler.has_work)
                 if self.scheduler.has_work:
-                    rows = self.scheduler.step()
-                    self._publish_stats()
-                    stats = self.scheduler.take_stats()  # taken even if unused: it grows
-                    if self.on_stats is not None:
-                        self.on_stats(stats)
-                    if rows:
-                        self.outbox.put(rows)
+                    self._step()
         except BaseException as exc:  # the thread must report, not vanish
             logger.exception("engine loop crashed")
             self.fatal_error = exc
             raise
 
+    def _step(self) -> None:
+        rows = self.scheduler.step()
+        self._publish_stats()
+        stats = self.scheduler.take_stats()  # taken even if unused: it grows
+        if self.on_stats is not None:
+            self.on_stats(stats)
+        for row in rows:
+            if row.finish is not None:
+                self.live.release(row.rid)
+        if rows:
+            self.sink(rows)
+
     def _drain_inbox(self, block: bool) -> None:
         while True:
             try:
-                command = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+                if block:
+                    self._idle.set()
+                    command = self.inbox.get(timeout=0.5)
+                else:
+                    command = self.inbox.get_nowait()
             except queue.Empty:
                 return
+            self._idle.clear()
             block = False
             if command is None:
                 return
             self._apply(command)
 
-    def _apply(self, command: AddCommand | AbortCommand) -> None:
+    def _apply(self, command: Command) -> None:
         if isinstance(command, AbortCommand):
-            command.done(self.scheduler.abort(command.rid, command.reason))
-            return
-        try:
-            self.scheduler.add_request(command.req)
-        except TokenlineError as exc:
-            command.done(exc)
+            self.scheduler.abort(command.rid, command.reason)
+        elif isinstance(command, AbortStartedCommand):
+            for req in list(self.scheduler.reqs.values()):
+                if req.sent_init:
+                    self.scheduler.abort(req.rid, command.reason)
         else:
-            command.done(None)
+            try:
+                self.scheduler.add_request(command.req)
+            except TokenlineError as exc:  # the loop side checked; tell the client anyway
+                logger.warning("engine refused accepted rid=%s: %s", command.req.rid, exc)
+                self.scheduler.refuse(command.req, str(exc))
 
     def _publish_stats(self) -> None:
         s = self.scheduler

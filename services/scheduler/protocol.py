@@ -1,5 +1,7 @@
 """Protobuf <-> scheduler domain types. The only scheduler module besides the
-server that imports *_pb2, so the engine stays transport-free."""
+server and the pusher that imports *_pb2, so the engine stays transport-free.
+Rows are converted on the event loop from immutable ``OutputRow`` snapshots: no
+function here reads a live ``Req``."""
 
 from __future__ import annotations
 
@@ -8,10 +10,6 @@ from tokenline.v1 import common_pb2, scheduler_pb2
 from services.common.sampling_params import SamplingParams
 from services.scheduler.engine import OutputRow
 from services.scheduler.req import DecodeFlags, FinishInfo, Req
-
-# Prompt tokens sent with the first row so the detokenizer can seed its window
-# (a leading-space or byte-fallback token decodes differently without context).
-PROMPT_TAIL_TOKENS = 5
 
 _FINISH_KINDS = {
     "stop": common_pb2.FinishReason.KIND_STOP,
@@ -34,7 +32,7 @@ def req_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> Req:
             skip_special_tokens=params.skip_special_tokens,
             spaces_between_special_tokens=params.spaces_between_special_tokens,
             no_stop_trim=params.no_stop_trim,
-            stop=list(params.stop),
+            stop=tuple(params.stop),
         ),
         times={f: getattr(pb.times, f) for f in _CLIENT_TIME_FIELDS if getattr(pb.times, f)},
         priority=pb.priority if pb.HasField("priority") else 0,
@@ -53,13 +51,12 @@ def finish_to_pb(finish: FinishInfo) -> common_pb2.FinishReason:
 
 
 def row_to_pb(row: OutputRow) -> scheduler_pb2.TokenIDRow:
-    req = row.req
     pb = scheduler_pb2.TokenIDRow(
-        rid=req.rid,
+        rid=row.rid,
         new_token_ids=row.new_token_ids,
-        prompt_tokens=len(req.input_ids),
-        completion_tokens=len(req.output_ids),
-        cached_tokens=req.num_cached_tokens,
+        prompt_tokens=row.num_prompt_tokens,
+        completion_tokens=row.num_output_tokens,
+        cached_tokens=row.num_cached_tokens,
         logprobs=[
             common_pb2.TokenLogprob(
                 token_id=tok,
@@ -71,17 +68,17 @@ def row_to_pb(row: OutputRow) -> scheduler_pb2.TokenIDRow:
     )
     if row.finish is not None:
         pb.finish_reason.CopyFrom(finish_to_pb(row.finish))
-        pb.times.CopyFrom(common_pb2.StageTimes(**req.times))
-    if not req.sent_init:
-        req.sent_init = True
-        flags = req.flags
+    if row.times is not None:
+        pb.times.CopyFrom(common_pb2.StageTimes(**row.times))
+    if row.init is not None:
+        flags = row.init.flags
         pb.has_init = True
         pb.reply_to = flags.reply_to
         pb.skip_special_tokens = flags.skip_special_tokens
         pb.spaces_between_special_tokens = flags.spaces_between_special_tokens
         pb.no_stop_trim = flags.no_stop_trim
         pb.stop.extend(flags.stop)
-        pb.prompt_tail_ids.extend(req.input_ids[-PROMPT_TAIL_TOKENS:])
+        pb.prompt_tail_ids.extend(row.init.prompt_tail_ids)
     return pb
 
 

@@ -25,7 +25,7 @@ class ReqStatus(enum.Enum):
     ABORTED = "aborted"
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class FinishInfo:
     """Why a request ended; ``matched`` is the stop string or token id that hit."""
 
@@ -34,7 +34,7 @@ class FinishInfo:
     message: str = ""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class DecodeFlags:
     """Everything the detokenizer needs, sent on the first row of a rid."""
 
@@ -42,7 +42,7 @@ class DecodeFlags:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
-    stop: list[str] = field(default_factory=list)
+    stop: tuple[str, ...] = ()
 
 
 @dataclass(slots=True, eq=False)
@@ -70,7 +70,7 @@ class Req:
     arrival: int | None = None  # order among equal priorities; set when first queued
     finish: FinishInfo | None = None
     last_token_time: float | None = None  # wall clock of the newest sampled token
-    sent_init: bool = False
+    sent_init: bool = False  # its first OutputRow (carrying the DecodeFlags) was made
     generator: torch.Generator | None = None
     penalties: PenaltyState | None = None
 

@@ -60,7 +60,7 @@ def run_to_completion(
             scheduler.add_request(req)
         rows: list[OutputRow] = scheduler.step()
         for row in rows:
-            tokens.setdefault(row.req.rid, []).extend(row.new_token_ids)
+            tokens.setdefault(row.rid, []).extend(row.new_token_ids)
         if after_step is not None:
             after_step(rows)
         step += 1

@@ -2,13 +2,12 @@
 
 The detokenizer here is a recording fake (this is a unit test of the layer
 above it): a real grpc.aio server that starts late and drops the first stream.
+Rows are published from a worker thread, as the engine thread does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
-from dataclasses import dataclass, field
 
 import grpc
 from tokenline.v1 import detokenizer_pb2, detokenizer_pb2_grpc
@@ -17,15 +16,6 @@ from services.launch import free_port
 from services.scheduler.detokenizer_pusher import DetokenizerPusher
 from services.scheduler.engine import OutputRow
 from tests.scheduler.factories import make_req
-
-
-@dataclass
-class FakeEngineOutbox:
-    outbox: queue.Queue = field(default_factory=lambda: queue.Queue(256))
-    abort_reasons: list[str] = field(default_factory=list)
-
-    def abort_started(self, reason: str) -> None:
-        self.abort_reasons.append(reason)
 
 
 class RecordingDetokenizer(detokenizer_pb2_grpc.DetokenizerServiceServicer):
@@ -43,24 +33,31 @@ class RecordingDetokenizer(detokenizer_pb2_grpc.DetokenizerServiceServicer):
         return detokenizer_pb2.PushAck()
 
 
+def row(rid: str) -> list[OutputRow]:
+    return [OutputRow.of(make_req(rid, [1, 2]), [5], None)]
+
+
 async def test_nothing_is_lost_before_connect_and_a_broken_stream_aborts_its_requests() -> None:
-    engine = FakeEngineOutbox()
+    abort_reasons: list[str] = []
     port = free_port()
-    pusher = DetokenizerPusher(engine, f"127.0.0.1:{port}")  # type: ignore[arg-type]
+    pusher = DetokenizerPusher(f"127.0.0.1:{port}", on_stream_lost=abort_reasons.append)
     expected = [f"r{i}" for i in range(30)]
-    for rid in expected[:10]:  # produced while no detokenizer listens
-        engine.outbox.put([OutputRow(make_req(rid, [1, 2]), [5], None)])
     pusher.start()
+    # Produced on the engine thread while no detokenizer listens: publish blocks past
+    # max_unsent steps, so it runs on a thread as the engine would.
+    early = asyncio.create_task(asyncio.to_thread(publish_all, pusher, expected[:10]))
     await asyncio.sleep(1.0)
+    assert not early.done()  # more than max_unsent steps: the engine thread waits
     server = grpc.aio.server()
     recorder = RecordingDetokenizer(drop_first_stream_after=12)
     detokenizer_pb2_grpc.add_DetokenizerServiceServicer_to_server(recorder, server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
-    for rid in expected[10:]:
-        engine.outbox.put([OutputRow(make_req(rid, [1, 2]), [5], None)])
+    await early
+    await asyncio.to_thread(publish_all, pusher, expected[10:])
     await pusher.close(timeout=20)
     await server.stop(0)
+    assert pusher.is_flushed
     assert recorder.streams >= 2
     # Rows produced while nothing listened all arrive, first and in order.
     assert recorder.rids[:10] == expected[:10]
@@ -68,4 +65,9 @@ async def test_nothing_is_lost_before_connect_and_a_broken_stream_aborts_its_req
     assert recorder.rids == sorted(set(recorder.rids), key=expected.index)
     assert recorder.rids[-1] == expected[-1]
     # ... and the requests the broken stream carried are aborted, not left hanging.
-    assert engine.abort_reasons == ["detokenizer stream lost"]
+    assert abort_reasons == ["detokenizer stream lost"]
+
+
+def publish_all(pusher: DetokenizerPusher, rids: list[str]) -> None:
+    for rid in rids:
+        pusher.publish(row(rid))

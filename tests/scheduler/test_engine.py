@@ -73,8 +73,8 @@ def test_abort_while_waiting(default_model_dir: Path) -> None:
     assert not scheduler.abort("queued")  # idempotent
     assert not scheduler.abort("never-seen")  # unknown rid: no-op
     rows = scheduler.step()
-    final = [r for r in rows if r.req.rid == "queued"]
-    assert len(final) == 1 and final[0].new_token_ids == []
+    final = [r for r in rows if r.rid == "queued"]
+    assert len(final) == 1 and final[0].new_token_ids == ()
     assert final[0].finish is not None and final[0].finish.kind == "abort"
     assert final[0].finish.message == "client went away"
     tokens = run_to_completion(scheduler)
@@ -92,7 +92,7 @@ def test_abort_while_running_frees_kv_at_once(scheduler: Scheduler) -> None:
     assert scheduler.kv.tree is not None and scheduler.kv.tree.num_locked == 0  # b finished
     assert scheduler.kv.num_free + scheduler.kv.num_evictable == scheduler.kv_pool.num_tokens
     rows = scheduler.step()
-    assert [(r.req.rid, r.finish.kind) for r in rows if r.finish] == [("a", "abort")]
+    assert [(r.rid, r.finish.kind) for r in rows if r.finish] == [("a", "abort")]
     assert not scheduler.has_work
     assert_kv_returns_to_pool(scheduler)
 
@@ -247,7 +247,7 @@ def test_priority_orders_the_waiting_queue(default_model_dir: Path) -> None:
     order: list[str] = []
 
     def record_finishes(rows: list[OutputRow]) -> None:
-        order.extend(r.req.rid for r in rows if r.finish)
+        order.extend(r.rid for r in rows if r.finish)
 
     run_to_completion(scheduler, after_step=record_finishes)
     assert order == ["high", "mid", "mid2", "low"]
