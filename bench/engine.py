@@ -30,6 +30,8 @@ from services.common.tokenizer import load_tokenizer
 from services.scheduler.engine import Scheduler, SchedulerConfig
 from services.scheduler.forward_batch import ForwardBatch
 from services.scheduler.kv_pool import KVPool
+from services.scheduler.model.config import ModelConfig
+from services.scheduler.model.dtype import AUTO, DTYPES, choose_dtype
 from services.scheduler.model.loader import load_model
 from services.scheduler.req import Req
 from services.scheduler.stop_checker import StopChecker
@@ -63,7 +65,12 @@ def parse_args() -> BenchArgs:
     p = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__)
     p.add_argument("--model", default="models/tokenline-tiny")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument(
+        "--dtype",
+        choices=[AUTO, *DTYPES],
+        default=AUTO,
+        help="auto: as the scheduler chooses for the checkpoint on this hardware",
+    )
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=32)
@@ -76,16 +83,15 @@ def parse_args() -> BenchArgs:
 def build(args: BenchArgs) -> Scheduler:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
-    dtype_name = args.dtype
-    if dtype_name == "auto":
-        dtype_name = "bfloat16" if args.device.startswith("cuda") else "float32"
-    model, config = load_model(args.model, dtype_name, args.device)
-    dtype = next(model.parameters()).dtype
+    device = torch.device(args.device)
+    choice = choose_dtype(args.dtype, ModelConfig.from_dir(args.model).dtype, device)
+    print(f"dtype {choice.name} ({choice.reason})", flush=True)
+    model, config = load_model(args.model, choice.dtype, device)
     max_c = max(args.concurrency)
     # Requests, scratch for the paired bare forwards, and the TTFT prefixes.
     num_tokens = 2 * max_c * (args.prompt_len + args.output_len) + 4 * (args.prefix_len + 64)
     pool = KVPool(
-        num_tokens, config.num_layers, config.num_kv_heads, config.head_dim, dtype, args.device
+        num_tokens, config.num_layers, config.num_kv_heads, config.head_dim, choice.dtype, device
     )
     stop_checker = StopChecker(
         load_tokenizer(args.model), set(config.eos_token_ids), config.max_context_len

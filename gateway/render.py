@@ -224,6 +224,8 @@ def model_to_dict(model: openai_pb2.Model) -> dict[str, Any]:
     }
     if model.max_model_len:
         out["max_model_len"] = model.max_model_len
+    if model.dtype:
+        out["dtype"] = model.dtype
     return out
 
 

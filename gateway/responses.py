@@ -196,6 +196,11 @@ class Model(_Out):
     created: int
     owned_by: str
     max_model_len: int | None = None
+    dtype: str | None = Field(
+        None,
+        description="what the schedulers run the model in, e.g. bfloat16 "
+        "(comma-joined when replicas differ)",
+    )
 
 
 class ModelList(_Out):

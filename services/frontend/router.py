@@ -2,7 +2,8 @@
 
 Scheduler replicas are data-parallel engines. The router polls each one's
 GetInfo (waiting + running) and adds the requests this frontend dispatched
-since, so a burst spreads out before the next poll. A replica that fails a
+since, so a burst spreads out before the next poll. The same polls tell which
+dtype the replicas run the model in, for the model card. A replica that fails a
 poll or refuses with UNAVAILABLE is skipped until it answers again, and the
 ``on_down`` callback lets the owner fail the requests it holds right away.
 """
@@ -35,6 +36,7 @@ class SchedulerRouter:
         self._polled_load = dict.fromkeys(stubs, 0)
         self._inflight = dict.fromkeys(stubs, 0)
         self._down_until = dict.fromkeys(stubs, 0.0)
+        self._dtypes: dict[str, str] = {}  # per replica, from its last answer
         self._turn = 0
         self._task: asyncio.Task | None = None
 
@@ -76,10 +78,20 @@ class SchedulerRouter:
             logger.warning("scheduler %s unavailable; routing around it", addr)
             self._on_down(addr)
 
+    async def served_dtype(self) -> str:
+        """The dtype the replicas reported, comma-joined when they differ ("" while none
+        answers). Before the first answer it polls them now rather than wait for the loop."""
+        if not self._dtypes:
+            await self._poll_all()
+        return ",".join(sorted(set(self._dtypes.values())))
+
     async def _poll_forever(self) -> None:
         while True:
-            await asyncio.gather(*(self._poll(addr) for addr in self._stubs))
+            await self._poll_all()
             await asyncio.sleep(self._poll_interval)
+
+    async def _poll_all(self) -> None:
+        await asyncio.gather(*(self._poll(addr) for addr in self._stubs))
 
     async def _poll(self, addr: str) -> None:
         try:
@@ -89,4 +101,6 @@ class SchedulerRouter:
                 self.mark_down(addr)  # gone, or too wedged to answer: route around it
             return
         self._polled_load[addr] = info.num_waiting + info.num_running
+        if info.dtype:
+            self._dtypes[addr] = info.dtype
         self._down_until[addr] = 0.0

@@ -109,6 +109,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
             created=self.started,
             owned_by="tokenline",
             max_model_len=self.ctx.limits.context_length,
+            dtype=await self.ctx.manager.router.served_dtype(),
         )
         return openai_pb2.ModelList(object="list", data=[model])
 

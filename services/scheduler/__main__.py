@@ -20,19 +20,14 @@ from services.scheduler.engine import Scheduler, SchedulerConfig
 from services.scheduler.engine_thread import EngineThread
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.model.config import ModelConfig
+from services.scheduler.model.dtype import AUTO, DTYPES, choose_dtype
 from services.scheduler.model.loader import load_model
 from services.scheduler.server import SchedulerServicer
 from services.scheduler.stop_checker import StopChecker
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
-
-_DTYPES = {
-    "auto": None,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +65,11 @@ def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
         "--detokenizer-addr", default=env_default("TOKENLINE_DETOKENIZER_ADDR", "127.0.0.1:50053")
     )
     p.add_argument(
-        "--dtype", choices=sorted(_DTYPES), default=env_default("TOKENLINE_DTYPE", "auto")
+        "--dtype",
+        choices=[AUTO, *DTYPES],
+        default=env_default("TOKENLINE_DTYPE", AUTO),
+        help="auto: the checkpoint's dtype where the hardware computes it natively "
+        "(bf16 on CPU needs AVX512_BF16 or AMX), else float32 on CPU, float16 on CUDA",
     )
     p.add_argument("--device", default=env_default("TOKENLINE_DEVICE", "cpu"))
     p.add_argument("--attention-backend", choices=["torch", "flash_attn"], default="torch")
@@ -113,26 +112,16 @@ def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
     return SchedulerProcessConfig(**vars(p.parse_args(argv)))
 
 
-def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, int]:
-    """Load the model and size the KV pool; returns the scheduler and context length."""
+def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, int, str]:
+    """Load the model and size the KV pool; returns the scheduler, context length and
+    the name of the dtype the model runs in."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     device = torch.device(config.device)
-    model, model_config = load_model(
-        config.model, _DTYPES[config.dtype], device, config.attention_backend
-    )
-    dtype = next(model.parameters()).dtype
-    shape = (model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, dtype)
-    per_token = KVPool.bytes_per_token(*shape)
-    num_tokens = config.kv_cache_tokens or KVPool.tokens_for_budget(
-        config.kv_cache_memory_mb * 2**20, *shape
-    )
-    if num_tokens < 1:
-        raise SystemExit(
-            f"KV pool of {num_tokens} tokens: raise --kv-cache-tokens or --kv-cache-memory-mb "
-            f"(one token takes {per_token} bytes)"
-        )
-    kv_pool = KVPool(num_tokens, *shape, device)
+    choice = choose_dtype(config.dtype, ModelConfig.from_dir(config.model).dtype, device)
+    model, model_config = load_model(config.model, choice.dtype, device, config.attention_backend)
+    logger.info("model %s in %s on %s (%s)", config.model, choice.name, device, choice.reason)
+    kv_pool = create_kv_pool(config, model_config, choice.dtype, device)
     context = config.context_length or model_config.max_context_len
     stop_checker = StopChecker(
         load_tokenizer(config.model), set(model_config.eos_token_ids), context
@@ -150,15 +139,28 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, int]:
         ),
         device,
     )
-    logger.info(
-        "model %s in %s on %s; KV pool %d tokens (%.1f MiB)",
-        config.model,
-        dtype,
-        device,
-        num_tokens,
-        num_tokens * per_token / 2**20,
+    return scheduler, context, choice.name
+
+
+def create_kv_pool(
+    config: SchedulerProcessConfig,
+    model_config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> KVPool:
+    """The KV pool, sized by --kv-cache-tokens or else --kv-cache-memory-mb."""
+    shape = (model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, dtype)
+    per_token = KVPool.bytes_per_token(*shape)
+    num_tokens = config.kv_cache_tokens or KVPool.tokens_for_budget(
+        config.kv_cache_memory_mb * 2**20, *shape
     )
-    return scheduler, context
+    if num_tokens < 1:
+        raise SystemExit(
+            f"KV pool of {num_tokens} tokens: raise --kv-cache-tokens or --kv-cache-memory-mb "
+            f"(one token takes {per_token} bytes)"
+        )
+    logger.info("KV pool %d tokens (%.1f MiB)", num_tokens, num_tokens * per_token / 2**20)
+    return KVPool(num_tokens, *shape, device)
 
 
 async def serve(config: SchedulerProcessConfig) -> None:
@@ -173,14 +175,16 @@ async def serve(config: SchedulerProcessConfig) -> None:
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, process.server)
     # Liveness answers while the model loads; readiness waits for it.
     await process.start()
-    scheduler, context = await asyncio.to_thread(build_engine, config)
+    scheduler, context, dtype = await asyncio.to_thread(build_engine, config)
     metrics = SchedulerMetrics(model_name)
-    engine = EngineThread(scheduler, on_stats=metrics.record)
+    pusher = DetokenizerPusher(
+        config.detokenizer_addr, on_stream_lost=lambda reason: engine.abort_started(reason)
+    )
+    pusher.start()
+    engine = EngineThread(scheduler, sink=pusher.publish, on_stats=metrics.record)
     metrics.track(lambda: engine.stats)
     engine.start()
-    servicer.attach(engine, context)
-    pusher = DetokenizerPusher(engine, config.detokenizer_addr)
-    pusher.start()
+    servicer.attach(engine, context, dtype)
     await process.set_ready(True)
 
     async def drain() -> None:

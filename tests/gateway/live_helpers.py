@@ -42,12 +42,17 @@ def sse_frames(raw: bytes) -> list[str]:
     return [e.removeprefix("data: ") for e in events]
 
 
-def scheduler_load(stack: LocalStack) -> tuple[int, int]:
-    """(waiting, running) as the scheduler itself reports them."""
+def scheduler_info(stack: LocalStack) -> scheduler_pb2.SchedulerInfo:
+    """The scheduler's own GetInfo answer."""
     with grpc.insecure_channel(stack.addr("scheduler")) as channel:
-        info = scheduler_pb2_grpc.SchedulerServiceStub(channel).GetInfo(
+        return scheduler_pb2_grpc.SchedulerServiceStub(channel).GetInfo(
             scheduler_pb2.ServerInfoRequest(), timeout=5
         )
+
+
+def scheduler_load(stack: LocalStack) -> tuple[int, int]:
+    """(waiting, running) as the scheduler itself reports them."""
+    info = scheduler_info(stack)
     return info.num_waiting, info.num_running
 
 

@@ -16,13 +16,22 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import torch
 from gateway_harness import GatewayServer
-from live_helpers import running_stack, scheduler_load, seconds_until_idle, sse_frames
+from live_helpers import (
+    running_stack,
+    scheduler_info,
+    scheduler_load,
+    seconds_until_idle,
+    sse_frames,
+)
 from test_gateway_openapi import validator
 from transformers import AutoTokenizer
 
 from gateway.config import GatewayConfig
 from services.launch import LocalStack
+from services.scheduler.model.config import ModelConfig
+from services.scheduler.model.dtype import AUTO, choose_dtype
 
 USER = [{"role": "user", "content": "Name three colours, please."}]
 PROMPT = "The quick brown fox"
@@ -76,11 +85,16 @@ def greedy_text(client: openai.OpenAI, model_id: str) -> str:
 
 
 def test_models_list_and_retrieve(
-    client: openai.OpenAI, model_id: str, default_model_dir: Path
+    client: openai.OpenAI, model_id: str, default_model_dir: Path, stack: LocalStack
 ) -> None:
     assert model_id == default_model_dir.name
     model = client.models.retrieve(model_id)
     assert (model.id, model.object, model.owned_by) == (model_id, "model", "tokenline")
+    # The card carries the dtype the scheduler reports: what `auto` picks on this CPU.
+    checkpoint = ModelConfig.from_dir(default_model_dir).dtype
+    expected = choose_dtype(AUTO, checkpoint, torch.device("cpu")).name
+    assert scheduler_info(stack).dtype == expected
+    assert model.to_dict()["dtype"] == client.models.list().data[0].to_dict()["dtype"] == expected
     with pytest.raises(openai.NotFoundError) as info:
         client.models.retrieve("no-such-model")
     assert info.value.status_code == 404 and info.value.param == "model"

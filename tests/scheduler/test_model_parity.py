@@ -172,9 +172,9 @@ def test_mixed_batch_matches_requests_alone(ours: Ours, prompt_ids: Prompts) -> 
 
 
 def test_bf16_prefill_matches_hf_bf16(default_model_dir: Path, prompt_ids: Prompts) -> None:
-    """The checkpoint dtype ("auto" = bf16) computes like HF does in bf16, not just close
+    """The checkpoint's dtype (bf16) computes like HF does in bf16, not just close
     to fp32: bf16 flips about one argmax in seven against fp32 on this model."""
-    model, config = load_model(default_model_dir, "auto", "cpu")
+    model, config = load_model(default_model_dir, "bfloat16", "cpu")
     assert model.lm_head.weight.dtype == torch.bfloat16
     hf_bf16 = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.bfloat16)
     prompt = prompt_ids["medium"]

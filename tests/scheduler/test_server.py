@@ -22,17 +22,18 @@ PROMPT = [0, *range(1000, 1120)]
 
 @pytest.fixture
 async def stub(default_model_dir: Path) -> AsyncIterator[tuple]:
-    engine = EngineThread(make_scheduler(default_model_dir, max_running_requests=1))
+    outbox: queue.Queue[list[OutputRow]] = queue.Queue()
+    engine = EngineThread(make_scheduler(default_model_dir, max_running_requests=1), outbox.put)
     engine.start()
     servicer = SchedulerServicer("tokenline-tiny")
-    servicer.attach(engine, 4096)
+    servicer.attach(engine, 4096, "float32")  # make_scheduler's dtype
     server = grpc.aio.server()
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     rows: list[OutputRow] = []
-    drainer = asyncio.create_task(drain(engine, rows))
+    drainer = asyncio.create_task(drain(outbox, rows))
     yield scheduler_pb2_grpc.SchedulerServiceStub(channel), rows
     drainer.cancel()
     await channel.close()
@@ -47,16 +48,16 @@ def request(rid: str, max_new_tokens: int) -> scheduler_pb2.TokenizedGenerateReq
     )
 
 
-async def drain(engine: EngineThread, rows: list[OutputRow]) -> None:
-    """Stand in for the detokenizer pusher: keep the bounded outbox flowing."""
+async def drain(outbox: queue.Queue[list[OutputRow]], rows: list[OutputRow]) -> None:
+    """Stand in for the detokenizer pusher: collect every step's rows."""
     while True:
         with contextlib.suppress(queue.Empty):
-            rows.extend(await asyncio.to_thread(engine.outbox.get, timeout=0.2))
+            rows.extend(await asyncio.to_thread(outbox.get, timeout=0.2))
 
 
 async def wait_for_finishes(rows: list[OutputRow], rids: set[str]) -> None:
     for _ in range(300):
-        if rids <= {r.req.rid for r in rows if r.finish}:
+        if rids <= {r.rid for r in rows if r.finish}:
             return
         await asyncio.sleep(0.1)
     pytest.fail(f"no final rows for {rids}")
@@ -83,6 +84,7 @@ async def test_duplicate_abort_and_info(stub: tuple) -> None:
 
     snapshot = await info_when(client, lambda s: s.num_waiting == 1)
     assert snapshot.num_running == 1
+    assert (snapshot.model, snapshot.dtype) == ("tokenline-tiny", "float32")
     assert snapshot.num_cached_kv_tokens >= len(PROMPT)  # its prompt is in the prefix cache
     assert snapshot.num_free_kv_tokens < snapshot.num_total_kv_tokens
 
@@ -90,9 +92,9 @@ async def test_duplicate_abort_and_info(stub: tuple) -> None:
     assert not (await client.Abort(scheduler_pb2.AbortReq(rid="long"))).found
     assert not (await client.Abort(scheduler_pb2.AbortReq(rid="unknown"))).found
     await wait_for_finishes(rows, {"long", "queued"})
-    finishes = {r.req.rid: r.finish.kind for r in rows if r.finish}
+    finishes = {r.rid: r.finish.kind for r in rows if r.finish}
     assert finishes == {"long": "abort", "queued": "length"}
-    queued = next(r.req for r in rows if r.req.rid == "queued")
+    queued = next(r for r in rows if r.rid == "queued")
     assert queued.num_cached_tokens == len(PROMPT) - 1  # same prompt as "long"
 
     snapshot = await info_when(client, lambda s: s.num_running == 0)

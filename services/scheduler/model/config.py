@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
+from services.scheduler.model.dtype import DTYPES
+
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +203,6 @@ def _eos_ids(raw: dict[str, Any], generation: dict[str, Any]) -> tuple[int, ...]
 
 def _dtype(raw: dict[str, Any]) -> torch.dtype:
     name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
-    if name not in _DTYPES:
-        raise ValueError(f"unsupported checkpoint dtype {name!r}; supported: {', '.join(_DTYPES)}")
-    return _DTYPES[name]
+    if name not in DTYPES:
+        raise ValueError(f"unsupported checkpoint dtype {name!r}; supported: {', '.join(DTYPES)}")
+    return DTYPES[name]

@@ -17,26 +17,11 @@ from safetensors import safe_open
 
 from services.scheduler.attention import create_attention_backend
 from services.scheduler.model.config import ModelConfig
+from services.scheduler.model.dtype import choose_dtype
 from services.scheduler.model.llama import LlamaForCausalLM
 
-DTYPE_NAMES: dict[str, torch.dtype] = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-}
 # Buffers some older checkpoints saved; we recompute them.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-def resolve_dtype(dtype: torch.dtype | str | None, config: ModelConfig) -> torch.dtype:
-    """``None`` or ``"auto"`` means the checkpoint's dtype; strings name a torch dtype."""
-    if dtype is None or dtype == "auto":
-        return config.dtype
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPE_NAMES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose auto, {', '.join(DTYPE_NAMES)}")
-    return DTYPE_NAMES[dtype]
 
 
 def load_model(
@@ -45,14 +30,17 @@ def load_model(
     device: torch.device | str = "cpu",
     attention_backend: str = "torch",
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """Build the model for ``model_dir`` on ``device`` with its weights loaded, in eval mode."""
+    """Build the model for ``model_dir`` on ``device`` with its weights loaded, in eval mode.
+
+    ``dtype`` None or "auto" is what ``choose_dtype`` picks for the checkpoint on ``device``.
+    """
     model_dir = Path(model_dir)
     config = ModelConfig.from_dir(model_dir)
     device = torch.device(device)
     backend = create_attention_backend(attention_backend, device)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, backend)
-    model = model.to(dtype=resolve_dtype(dtype, config)).to_empty(device=device)
+    model = model.to(dtype=choose_dtype(dtype, config.dtype, device).dtype).to_empty(device=device)
     model.tie_weights()
     load_weights(model, checkpoint_files(model_dir))
     return model.eval(), config
