@@ -159,7 +159,7 @@ class Scheduler:
         if req.params.seed is not None:
             req.generator = torch.Generator(device=self.device)
             req.generator.manual_seed(req.params.seed)
-        req.times["queued"] = time.time()
+        req.times.setdefault("queued", time.time())  # the RPC side stamps it on acceptance
         self.reqs[req.rid] = req
         self.waiting.push(req)
 

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -146,6 +147,8 @@ class EngineThread:
         Never waits for the engine: an accepted request joins the next step."""
         self.scheduler.validate(req)
         self.live.claim(req.rid)
+        # Accepted now: the wait for the engine's next step is queueing, not dispatch.
+        req.times["queued"] = time.time()
         try:
             self._submit(AddCommand(req))
         except ResourceExhaustedError:
