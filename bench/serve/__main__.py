@@ -1,4 +1,5 @@
-"""`python -m bench.serve [flags]` benchmarks one server; `... compare [flags]` two."""
+"""`python -m bench.serve [flags]` benchmarks one server; `... compare [flags]` two;
+`... sweep [flags]` two over concurrency x temperature x dtype."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.serve import side_by_side
 
         return side_by_side.main(argv[1:])
+    if argv[:1] == ["sweep"]:
+        from bench.serve import sweep
+
+        return sweep.main(argv[1:])
     from bench.serve import session
 
     return session.main(argv)

@@ -31,6 +31,7 @@ class RequestSettings:
     ignore_eos: bool = True
     temperature: float = 0.0
     timeout_s: float = 600.0
+    debug_stages: bool = False  # ask tokenline for each request's stage breakdown
 
 
 @dataclass(slots=True)
@@ -47,6 +48,7 @@ class RequestResult:
     is_usage_from_server: bool = False
     text: str = ""
     error: str = ""
+    stages_ms: dict[str, float] = field(default_factory=dict)  # tokenline's, when asked
 
 
 def request_url(settings: RequestSettings) -> str:
@@ -97,6 +99,9 @@ class ChunkTimer:
     def on_chunk(self, chunk: dict[str, Any], now: float) -> None:
         if "error" in chunk:
             raise StreamError(_error_message(chunk))
+        debug = chunk.get("debug")
+        if debug:
+            self.result.stages_ms = dict(debug.get("stages_ms") or {})
         usage = chunk.get("usage")
         if usage:
             self.result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -139,6 +144,8 @@ async def send_request(
     result = RequestResult(start_s=sent_at - run_start)
     timer = ChunkTimer(result, sent_at)
     headers = {"Authorization": f"Bearer {settings.api_key}"}
+    if settings.debug_stages:
+        headers["X-Tokenline-Debug"] = "1"
     try:
         async with client.stream(
             "POST", request_url(settings), json=request_body(settings, prompt), headers=headers

@@ -57,6 +57,24 @@ def plot_compare(summaries: dict[str, dict[str, Any]], title: str, path: Path) -
     _save(fig, title, path)
 
 
+def plot_sweep(cells: list[dict[str, Any]], title: str, path: Path) -> None:
+    """Output tok/s against concurrency: one panel per (dtype setting, temperature)."""
+    panels = sorted({(c["setting"], c["temperature"]) for c in cells}, key=str)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4.2), squeeze=False)
+    for ax, (setting, temp) in zip(axes[0], panels, strict=True):
+        for server in sorted({c["server"] for c in cells}):
+            mine = sorted(
+                (c["concurrency"], c["output_tok_s"])
+                for c in cells
+                if (c["setting"], c["temperature"], c["server"]) == (setting, temp, server)
+            )
+            ax.plot([m[0] for m in mine], [m[1] for m in mine], marker="o", label=server)
+        ax.set_xscale("log", base=2)
+        ax.set(title=f"{setting}, T={temp}", xlabel="concurrency", ylabel="output tok/s")
+        ax.legend(fontsize="small")
+    _save(fig, title, path)
+
+
 def _bars(
     ax: Any, names: list[str], values: dict[str, list[float]], groups: list[str], title: str
 ) -> None:

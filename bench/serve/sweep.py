@@ -1,0 +1,221 @@
+"""`python -m bench.serve sweep`: tokenline vs `transformers serve` over a grid, one run.
+
+For each dtype setting (``defaults``: each server at its own default dtype, i.e.
+tokenline's hardware-aware ``auto`` and transformers' checkpoint dtype; or a dtype
+name: both servers in it), each server is started once and driven through every
+temperature x concurrency cell with the same prompts, then stopped before the
+other starts (never both at once: they would share the cores). Concurrency C sends
+``prompts_per_slot * C`` requests with at most C in flight. tokenline's requests ask
+for the stage breakdown, so its ``dispatch`` stage (routing + AddRequest hop) is
+reported per cell. Ratios are tokenline / transformers.
+
+Writes ``bench/results/serve-sweep.json`` and ``.png``, and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.machine import describe, machine_info
+from bench.serve import cli
+from bench.serve.client import RequestSettings
+from bench.serve.metrics import percentile
+from bench.serve.plots import plot_sweep
+from bench.serve.report import write_json
+from bench.serve.servers import ServerStartError, TokenlineServer, TransformersServer
+from bench.serve.session import benchmark, create_workload
+from services.common.tokenizer import load_tokenizer
+
+SERVERS = (TokenlineServer, TransformersServer)
+DEFAULTS = "defaults"
+
+
+def create_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.serve sweep", description=__doc__)
+    p.add_argument("--model-dir", default=cli.DEFAULT_MODEL_DIR)
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument(
+        "--settings",
+        nargs="+",
+        default=[DEFAULTS, "float32"],
+        help="'defaults' (each server's own dtype) and/or a dtype both servers run in",
+    )
+    p.add_argument("--concurrency", type=cli.positive_int, nargs="+", default=[1, 8, 32, 64])
+    p.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
+    p.add_argument("--prompts-per-slot", type=cli.positive_int, default=2)
+    p.add_argument("--min-prompts", type=cli.positive_int, default=8)
+    p.add_argument("--tokenline-args", default="", help="extra scheduler flags, one string")
+    p.add_argument("--transformers-args", default="", help="extra `transformers serve` flags")
+    p.add_argument("--start-timeout", type=float, default=600.0)
+    cli.add_dataset_flags(p)
+    p.set_defaults(input_len=128, output_len=64)
+    g = p.add_argument_group("load")
+    g.add_argument("--warmup", type=int, default=4)
+    g.add_argument("--timeout", type=float, default=600.0)
+    g.add_argument("--warmup-timeout", type=float, default=120.0)
+    cli.add_output_flags(p, default_name="sweep")
+    return p
+
+
+def server_dtype(setting: str) -> str:
+    """The --dtype both servers get: 'auto' (each one's own default) or the setting."""
+    return "auto" if setting == DEFAULTS else setting
+
+
+def cell_args(args: argparse.Namespace, concurrency: int, temperature: float) -> argparse.Namespace:
+    num_prompts = max(args.min_prompts, args.prompts_per_slot * concurrency)
+    return argparse.Namespace(
+        **vars(args)
+        | dict(
+            num_prompts=num_prompts,
+            max_concurrency=concurrency,
+            temperature=temperature,
+            request_rate=float("inf"),
+        )
+    )
+
+
+def run_server_cells(
+    server_cls: type, setting: str, args: argparse.Namespace, device: str, log_dir: Path
+) -> list[dict[str, Any]]:
+    """Start one server, run every temperature x concurrency cell against it, stop it."""
+    dtype = server_dtype(setting)
+    extra = args.tokenline_args if server_cls is TokenlineServer else args.transformers_args
+    tokenizer = load_tokenizer(args.model_dir)
+    cells = []
+    with server_cls(args.model_dir, dtype, device, extra, log_dir, args.start_timeout) as server:
+        base = RequestSettings(
+            base_url=server.base_url,
+            model=server.model,
+            ignore_eos=False,  # transformers serve rejects unknown fields
+            debug_stages=server_cls is TokenlineServer,
+            timeout_s=args.timeout,
+        )
+        for temperature in args.temperatures:
+            for concurrency in args.concurrency:
+                one = cell_args(args, concurrency, temperature)
+                settings = replace(base, temperature=temperature)
+                run = benchmark(server.label, settings, create_workload(one, tokenizer), one)
+                cells.append(cell_row(server.label, setting, dtype, one, run.report, run.results))
+                print(cell_line(cells[-1]), flush=True)
+    return cells
+
+
+def cell_row(
+    label: str, setting: str, dtype: str, args: argparse.Namespace, report: dict, results: list
+) -> dict[str, Any]:
+    summary = report["summary"]
+    dispatch = [r.stages_ms["dispatch"] for r in results if "dispatch" in r.stages_ms]
+    return {
+        "server": label,
+        "setting": setting,
+        "dtype": dtype,
+        "temperature": args.temperature,
+        "concurrency": args.max_concurrency,
+        "num_prompts": args.num_prompts,
+        "completed": summary["completed"],
+        "failed": summary["failed"],
+        "output_tokens": summary["total_output_tokens"],
+        "output_tok_s": summary["output_throughput"],
+        "ttft_p50_ms": summary["ttft_ms"]["p50"],
+        "tpot_p50_ms": summary["tpot_ms"]["p50"],
+        "dispatch_p50_ms": percentile(dispatch, 50) if dispatch else None,
+        "errors": summary["errors"],
+    }
+
+
+def cell_line(c: dict[str, Any]) -> str:
+    dispatch = c["dispatch_p50_ms"]
+    extra = f" dispatch p50 {dispatch:.2f} ms" if dispatch is not None else ""
+    return (
+        f"{c['server']:<12} {c['setting']:<9} T={c['temperature']:<4} C={c['concurrency']:<3} "
+        f"{c['output_tok_s']:8.1f} tok/s  TTFT p50 {c['ttft_p50_ms'] or 0:8.1f} ms "
+        f"({c['completed']} ok, {c['failed']} failed){extra}"
+    )
+
+
+def ratio_rows(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """tokenline / transformers for each (setting, temperature, concurrency)."""
+    by_key = {(c["server"], c["setting"], c["temperature"], c["concurrency"]): c for c in cells}
+    rows = []
+    for (server, setting, temp, conc), ours in by_key.items():
+        theirs = by_key.get(("transformers", setting, temp, conc))
+        if server != "tokenline" or theirs is None:
+            continue
+        rows.append(
+            {
+                "setting": setting,
+                "temperature": temp,
+                "concurrency": conc,
+                "tokenline_tok_s": ours["output_tok_s"],
+                "transformers_tok_s": theirs["output_tok_s"],
+                "throughput_ratio": _ratio(ours["output_tok_s"], theirs["output_tok_s"]),
+                "ttft_p50_ratio": _ratio(ours["ttft_p50_ms"], theirs["ttft_p50_ms"]),
+                "tokenline_dispatch_p50_ms": ours["dispatch_p50_ms"],
+            }
+        )
+    return rows
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def table_lines(rows: list[dict[str, Any]]) -> list[str]:
+    head = f"{'setting':<10}{'T':>5}{'C':>5}{'tokenline':>11}{'transformers':>14}"
+    lines = [head + f"{'tok/s ×':>9}{'TTFT p50 ×':>12}{'dispatch p50':>14}"]
+    for r in rows:
+        d = r["tokenline_dispatch_p50_ms"]
+        lines.append(
+            f"{r['setting']:<10}{r['temperature']:>5}{r['concurrency']:>5}"
+            f"{r['tokenline_tok_s']:>11.1f}{r['transformers_tok_s']:>14.1f}"
+            f"{_fmt(r['throughput_ratio'], 9)}{_fmt(r['ttft_p50_ratio'], 12)}"
+            f"{(f'{d:.2f} ms' if d is not None else '-'):>14}"
+        )
+    return lines
+
+
+def _fmt(value: float | None, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.2f}"
+
+
+def main(argv: list[str]) -> int:
+    args = create_parser().parse_args(argv)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    json_path, png_path = cli.output_paths(args, "sweep")
+    log_dir = json_path.parent / f"{json_path.stem}-logs"
+    machine = machine_info()
+    print(f"machine: {describe(machine)}", flush=True)
+    cells: list[dict[str, Any]] = []
+    try:
+        for setting in args.settings:
+            for server_cls in SERVERS:
+                cells += run_server_cells(server_cls, setting, args, device, log_dir)
+    except ServerStartError as exc:
+        print(f"sweep failed: {exc}", file=sys.stderr)
+        return 2
+    rows = ratio_rows(cells)
+    report = {
+        "name": args.name,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine,
+        "model_dir": args.model_dir,
+        "device": device,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "ratio": "tokenline / transformers",
+        "ratios": rows,
+        "cells": cells,
+    }
+    write_json(report, json_path)
+    plot_sweep(cells, f"{args.model_dir} on {describe(machine)}", png_path)
+    print("\n".join(table_lines(rows)))
+    print(f"wrote {json_path} and {png_path} (server logs in {log_dir})")
+    return 0 if all(c["failed"] == 0 for c in cells) else 1
