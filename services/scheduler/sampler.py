@@ -1,8 +1,13 @@
-"""Batched sampling: every parameter per request, in one pass over the batch.
+"""Batched sampling: every parameter per request, a few tensor ops per group of rows.
 
 Per step: raw logprobs (vLLM's default: the model's log-softmax before any
 processing), then the history-dependent edits (``LogitsProcessor``), then per row
 either argmax (greedy) or a draw from temperature / top-k / top-p / min-p.
+
+Draws are inverse-CDF with one uniform per row, so their cost is a cumulative sum,
+not a random number per vocabulary entry. Rows with top-k or top-p work on their
+``torch.topk`` candidates instead of sorting the vocabulary; only a top-p row whose
+nucleus is wider than its candidates pays for a full sort.
 """
 
 from __future__ import annotations
@@ -12,10 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
+from services.common.sampling_params import SamplingParams
 from services.scheduler.logits_processor import LogitsProcessor
 from services.scheduler.req import LogprobEntry, Req
 
-_TINY = torch.finfo(torch.float32).tiny
+CANDIDATE_CAP = 1024
+"""Candidates a top-p row without top-k starts from (a peaked nucleus fits easily)."""
 
 
 @dataclass(slots=True)
@@ -24,21 +31,58 @@ class SampleOutput:
     logprobs: list[LogprobEntry | None]  # per row; None where the request did not ask
 
 
+@dataclass(slots=True)
+class Candidates:
+    """The distribution some sampled rows draw from: unnormalised probabilities after
+    temperature, top-k, softmax, then top-p and min-p (0 where a filter removed a token)."""
+
+    rows: list[int]  # positions of these rows in the batch
+    weights: torch.Tensor  # [len(rows), K], >= 0
+    token_ids: torch.Tensor | None  # [len(rows), K] token of each weight; None: column = token
+
+    def dense(self, vocab: int) -> torch.Tensor:
+        """Weights as [len(rows), vocab], indexed by token id."""
+        if self.token_ids is None:
+            return self.weights
+        dense = self.weights.new_zeros(len(self.rows), vocab)
+        return dense.scatter_(1, self.token_ids, self.weights)
+
+    def draw(self, uniforms: torch.Tensor, most_likely: torch.Tensor) -> torch.Tensor:
+        """One token per row: the first whose cumulative weight exceeds ``u * total``.
+
+        ``uniforms`` [n] lie in [0, 1); ``most_likely`` [n] is each row's argmax logit, which
+        every filter keeps. A zero weight never passes the search, except when ``u * total``
+        rounds up to the total (or the total is 0): then the row falls back to its top token.
+        """
+        cdf = torch.cumsum(self.weights, dim=-1)
+        targets = (uniforms.unsqueeze(1) * cdf[:, -1:]).contiguous()
+        index = torch.searchsorted(cdf, targets, right=True).clamp_max_(cdf.shape[-1] - 1)
+        is_kept = self.weights.gather(1, index) > 0
+        if self.token_ids is None:
+            return torch.where(is_kept, index, most_likely.unsqueeze(1)).squeeze(1)
+        # Candidates are sorted descending: column 0 is the top token of the row.
+        index = torch.where(is_kept, index, torch.zeros_like(index))
+        return self.token_ids.gather(1, index).squeeze(1)
+
+
 class Sampler:
     """Turns last-token logits [B, V] into one token per request.
 
-    Draws use the exponential race (argmax of p / E with E ~ Exp(1) is an exact
-    sample from p): no cumulative sums, and each seeded request draws its noise
-    from its own generator, so the same seed gives the same tokens whatever else
-    shares the batch.
+    Each seeded request draws its uniform from its own generator and its candidates
+    from its own row only (one ``topk`` per candidate count), so the same seed gives
+    the same tokens whatever else shares the batch.
     """
 
     def __init__(
         self,
         device: torch.device | str = "cpu",
         eos_token_ids: set[int] | frozenset[int] = frozenset(),
+        candidate_cap: int = CANDIDATE_CAP,
     ) -> None:
+        if candidate_cap < 1:
+            raise ValueError(f"candidate_cap must be >= 1, got {candidate_cap}")
         self.processor = LogitsProcessor(eos_token_ids)
+        self.candidate_cap = candidate_cap
         self._default_generator = torch.Generator(device=device)
         self._default_generator.seed()
 
@@ -62,71 +106,145 @@ class Sampler:
                 logprobs[i] = entry
         return SampleOutput(token_ids, logprobs)
 
-    def sampling_weights(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
-        """Unnormalised probabilities [B, V] that sampled rows draw from (after temperature,
-        top-k, softmax, then top-p and min-p on that softmax)."""
-        device = logits.device
-        temps = torch.tensor([r.params.temperature for r in reqs], device=device)
-        scaled = logits / temps.unsqueeze(1)
-        _apply_top_k(scaled, [r.params.top_k for r in reqs])
-        probs = torch.softmax(scaled, dim=-1)
-        _apply_top_p_min_p(probs, [r.params.top_p for r in reqs], [r.params.min_p for r in reqs])
-        return probs
+    def candidates(self, logits: torch.Tensor, reqs: Sequence[Req]) -> list[Candidates]:
+        """What every sampled (non-greedy) row draws from, in groups with disjoint rows:
+        rows without top-k / top-p over the whole vocabulary, the others by candidate count."""
+        vocab = logits.shape[-1]
+        by_count: dict[int | None, list[int]] = {}
+        for i, req in enumerate(reqs):
+            if not req.params.is_greedy:
+                count = _candidate_count(req.params, vocab, self.candidate_cap)
+                by_count.setdefault(count, []).append(i)
+        dense_rows = by_count.pop(None, [])
+        groups = [_dense_candidates(logits, reqs, dense_rows)] if dense_rows else []
+        for count in sorted(c for c in by_count if c is not None):
+            groups += _top_candidates(logits, reqs, by_count[count], count)
+        return groups
 
     def _choose(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
-        tokens = torch.argmax(logits, dim=-1)
-        rows = [i for i, r in enumerate(reqs) if not r.params.is_greedy]
-        if rows:
-            index = _ids(rows, logits.device)
-            sampled_reqs = [reqs[i] for i in rows]
-            weights = self.sampling_weights(logits[index], sampled_reqs)
-            noise = self._exponential_noise(weights, sampled_reqs)
-            tokens[index] = torch.argmax(weights / noise, dim=-1)
+        groups = self.candidates(logits, reqs)
+        num_sorted = sum(len(g.rows) for g in groups if g.token_ids is not None)
+        # The argmax serves greedy rows and the float-edge fallback of whole-vocabulary rows.
+        is_needed = num_sorted < len(reqs)
+        tokens = torch.argmax(logits, dim=-1) if is_needed else _ids([0] * len(reqs), logits.device)
+        if groups:
+            uniforms = self._uniforms(reqs, logits.device)
+            for group in groups:
+                index = _ids(group.rows, logits.device)
+                tokens[index] = group.draw(uniforms[index], tokens[index])
         return tokens
 
-    def _exponential_noise(self, like: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
-        noise = torch.empty_like(like)
-        seeded = [j for j, r in enumerate(reqs) if r.generator is not None]
-        if len(seeded) < len(reqs):  # one draw for every unseeded row together
-            noise.exponential_(generator=self._default_generator)
-        for j in seeded:
-            noise[j].exponential_(generator=reqs[j].generator)
-        # Exp(1) can return 0.0; a masked token (p = 0) must never win by 0 / 0.
-        return noise.clamp_min_(_TINY)
+    def _uniforms(self, reqs: Sequence[Req], device: torch.device) -> torch.Tensor:
+        """U[0, 1) per sampled row (0 for greedy rows): seeded rows from their own
+        generator, the rest together from the sampler's."""
+        uniforms = torch.zeros(len(reqs), device=device)
+        shared = [i for i, r in enumerate(reqs) if r.generator is None and not r.params.is_greedy]
+        if shared:
+            draws = torch.rand(len(shared), generator=self._default_generator, device=device)
+            uniforms[_ids(shared, device)] = draws
+        for i, req in enumerate(reqs):
+            if req.generator is not None and not req.params.is_greedy:
+                draw = torch.rand(1, generator=req.generator, device=req.generator.device)
+                uniforms[i] = draw.to(device)[0]
+        return uniforms
 
 
-def _apply_top_k(logits: torch.Tensor, top_ks: list[int]) -> None:
-    """Keep tokens whose logit is at least the row's k-th largest (k <= 0: all)."""
-    vocab = logits.shape[-1]
-    rows = [i for i, k in enumerate(top_ks) if 0 < k < vocab]
-    if not rows:
-        return
-    device = logits.device
-    index = _ids(rows, device)
-    row_ks = [top_ks[i] for i in rows]
-    ks = _ids(row_ks, device)
-    sub = logits[index]
-    kth = torch.topk(sub, max(row_ks), dim=-1).values.gather(1, (ks - 1).unsqueeze(1))
-    logits[index] = sub.masked_fill(sub < kth, float("-inf"))
+def _candidate_count(params: SamplingParams, vocab: int, cap: int) -> int | None:
+    """Candidates a row needs: its top_k, else ``cap`` if it uses top-p; None: the whole row."""
+    if 0 < params.top_k < vocab:
+        return params.top_k
+    return min(cap, vocab) if params.top_p < 1.0 else None
 
 
-def _apply_top_p_min_p(probs: torch.Tensor, top_ps: list[float], min_ps: list[float]) -> None:
-    """Zero tokens outside the top-p nucleus or below ``min_p`` times the top probability."""
-    rows = [i for i, (p, m) in enumerate(zip(top_ps, min_ps, strict=True)) if p < 1.0 or m > 0.0]
-    if not rows:
-        return
-    device = probs.device
-    index = _ids(rows, device)
-    top_p = torch.tensor([top_ps[i] for i in rows], device=device).unsqueeze(1)
-    min_p = torch.tensor([min_ps[i] for i in rows], device=device).unsqueeze(1)
-    sub = probs[index]
-    sorted_probs, order = torch.sort(sub, dim=-1, descending=True)
+def _rows(tensor: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """Those rows of ``tensor``; the tensor itself (no copy) when they are all of it."""
+    if rows == list(range(tensor.shape[0])):
+        return tensor
+    return tensor[_ids(rows, tensor.device)]
+
+
+def _over_temperature(values: torch.Tensor, temperatures: list[float]) -> torch.Tensor:
+    """Each row of ``values`` divided by its temperature; no pass when all of them are 1."""
+    if all(t == 1.0 for t in temperatures):
+        return values
+    return values / torch.tensor(temperatures, device=values.device).unsqueeze(1)
+
+
+def _row_values(
+    reqs: Sequence[Req], rows: list[int], name: str, device: torch.device
+) -> torch.Tensor:
+    """One float parameter per row, shaped [len(rows), 1] to broadcast over candidates."""
+    values = [getattr(reqs[i].params, name) for i in rows]
+    return torch.tensor(values, device=device).unsqueeze(1)
+
+
+def _dense_candidates(logits: torch.Tensor, reqs: Sequence[Req], rows: list[int]) -> Candidates:
+    """Rows with neither top-k nor top-p: softmax over the whole row; min-p needs only the
+    row's largest probability, not a sort."""
+    temperatures = [reqs[i].params.temperature for i in rows]
+    probs = torch.softmax(_over_temperature(_rows(logits, rows), temperatures), dim=-1)
+    if any(reqs[i].params.min_p > 0.0 for i in rows):
+        min_p = _row_values(reqs, rows, "min_p", logits.device)
+        probs.masked_fill_(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+    return Candidates(rows, probs, None)
+
+
+def _top_candidates(
+    logits: torch.Tensor, reqs: Sequence[Req], rows: list[int], count: int
+) -> list[Candidates]:
+    """Rows sharing a candidate count: their ``count`` largest logits, sorted descending.
+
+    One ``topk`` per count keeps a row's candidates (and their order among ties) a function
+    of that row alone. A top-p-only row whose candidates hold less mass than its top_p has
+    a nucleus wider than them, so it is redone over its whole row, sorted.
+    """
+    device, vocab = logits.device, logits.shape[-1]
+    is_p_only = [not 0 < reqs[i].params.top_k < vocab for i in rows]
+    probs, token_ids = _candidate_probs(_rows(logits, rows), reqs, rows, count, is_p_only)
+    top_p = _row_values(reqs, rows, "top_p", device)
+    weights, mass = _nucleus(probs, top_p, _row_values(reqs, rows, "min_p", device))
+    is_wide = [False] * len(rows)
+    if any(is_p_only) and count < vocab:  # a host sync, only when a row may need a full sort
+        is_short = (mass < top_p.squeeze(1)).tolist()
+        is_wide = [short and p_only for short, p_only in zip(is_short, is_p_only, strict=True)]
+    if not any(is_wide):
+        return [Candidates(rows, weights, token_ids)]
+    groups = _top_candidates(logits, reqs, [rows[j] for j, w in enumerate(is_wide) if w], vocab)
+    narrow = [j for j, w in enumerate(is_wide) if not w]
+    if narrow:
+        index = _ids(narrow, device)
+        groups.append(Candidates([rows[j] for j in narrow], weights[index], token_ids[index]))
+    return groups
+
+
+def _candidate_probs(
+    logits: torch.Tensor, reqs: Sequence[Req], rows: list[int], count: int, is_p_only: list[bool]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probabilities and token ids of each row's ``count`` largest logits (temperature keeps
+    their order). A top-k row's softmax is over its k kept logits, a top-p-only row's over
+    the whole vocabulary."""
+    temperatures = [reqs[i].params.temperature for i in rows]
+    values, token_ids = torch.topk(logits, count, dim=-1)
+    probs = torch.softmax(_over_temperature(values, temperatures), dim=-1)
+    p_only = [j for j, flag in enumerate(is_p_only) if flag]
+    if p_only:
+        index = _ids(p_only, logits.device)
+        scaled = _over_temperature(_rows(logits, p_only), [temperatures[j] for j in p_only])
+        probs[index] = torch.softmax(scaled, dim=-1).gather(1, token_ids[index])
+    return probs, token_ids
+
+
+def _nucleus(
+    probs: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero sorted probabilities outside the top-p nucleus or below ``min_p`` times the
+    first (largest); also each row's candidate mass. Rows with top_p >= 1 keep every
+    candidate, whatever rounding does to their cumulative sum."""
+    cumulative = torch.cumsum(probs, dim=-1)
     # Keep a token when the mass strictly before it is below top_p (the first always stays).
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    keep_sorted = mass_before < top_p
-    keep_sorted &= sorted_probs >= min_p * sorted_probs[:, :1]
-    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
-    probs[index] = sub * keep
+    keep = cumulative - probs < torch.where(top_p < 1.0, top_p, torch.inf)
+    keep &= probs >= min_p * probs[:, :1]
+    return probs * keep, cumulative[:, -1]
 
 
 def _logprob_entries(

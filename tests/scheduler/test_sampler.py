@@ -6,10 +6,11 @@ import math
 
 import pytest
 import torch
+from scipy.stats import chisquare
 
 from services.scheduler.logits_processor import LogitsProcessor
 from services.scheduler.req import Req
-from services.scheduler.sampler import Sampler
+from services.scheduler.sampler import Candidates, Sampler
 from tests.scheduler.factories import make_req
 
 VOCAB = 12
@@ -137,17 +138,137 @@ DISTRIBUTIONS = {
     "top_k": dict(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0),
     "top_p": dict(temperature=1.0, top_k=-1, top_p=0.7, min_p=0.0),
     "min_p": dict(temperature=1.3, top_k=-1, top_p=1.0, min_p=0.2),
+    "top_k_min_p": dict(temperature=1.3, top_k=6, top_p=1.0, min_p=0.3),
     "combined": dict(temperature=0.8, top_k=6, top_p=0.9, min_p=0.05),
 }
+
+
+def reference_for(row: torch.Tensor, params: dict) -> list[float]:
+    """``reference_distribution`` for request params, defaults filled in; greedy: the argmax."""
+    if params.get("temperature", 1.0) == 0.0:
+        return [float(t == int(row.argmax())) for t in range(VOCAB)]
+    defaults = dict(temperature=1.0, top_k=-1, top_p=1.0, min_p=0.0)
+    return reference_distribution(
+        row.tolist(), **{k: params.get(k, v) for k, v in defaults.items()}
+    )
+
+
+def candidate_distribution(sampler: Sampler, logits: torch.Tensor, req: Req) -> Candidates:
+    """The one candidate group a single sampled request draws from."""
+    [group] = sampler.candidates(logits.clone(), [req])
+    return group
+
+
+def normalised(group: Candidates, row: int = 0) -> list[float]:
+    weights = group.dense(VOCAB)[row]
+    return (weights / weights.sum()).tolist()
+
+
+def seeded_draws(sampler: Sampler, logits: torch.Tensor, params: dict, num: int) -> torch.Tensor:
+    """Token counts [VOCAB] from ``num`` one-step requests seeded 0..num-1 (reproducible)."""
+    reqs = [req_with_history([2], [], seed=i, **params) for i in range(num)]
+    tokens = sampler.sample(logits.expand(num, VOCAB).clone(), reqs).token_ids
+    return torch.bincount(torch.tensor(tokens), minlength=VOCAB).double()
+
+
+def assert_goodness_of_fit(counts: torch.Tensor, expected: list[float]) -> None:
+    """Chi-square over tokens with expected probability > 0 (those expecting fewer than 5
+    draws pooled into one bin, as the test needs), and no draw where it is 0."""
+    probs = torch.tensor(expected, dtype=torch.float64)
+    assert torch.all(counts[probs == 0] == 0)
+    expect = probs * counts.sum()
+    is_big = expect >= 5
+    observed = counts[is_big].tolist()
+    wanted = expect[is_big].tolist()
+    if float(expect[~is_big].sum()) > 0:
+        observed.append(float(counts[~is_big].sum()))
+        wanted.append(float(expect[~is_big].sum()))
+    assert chisquare(observed, wanted).pvalue > 1e-4
 
 
 @pytest.mark.parametrize("params", DISTRIBUTIONS.values(), ids=DISTRIBUTIONS.keys())
 def test_sampling_distribution_matches_reference(params: dict) -> None:
     logits = random_logits(1, seed=3)
-    req = req_with_history([2], [], **params)
-    weights = Sampler().sampling_weights(logits.clone(), [req])[0]
+    group = candidate_distribution(Sampler(), logits, req_with_history([2], [], **params))
     expected = reference_distribution(logits[0].tolist(), **params)
-    assert (weights / weights.sum()).tolist() == pytest.approx(expected, abs=1e-6)
+    assert normalised(group) == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("params", DISTRIBUTIONS.values(), ids=DISTRIBUTIONS.keys())
+def test_draws_pass_a_chi_square_test_against_the_reference(params: dict) -> None:
+    logits = random_logits(1, seed=3)
+    counts = seeded_draws(Sampler(), logits, params, 20_000)
+    assert_goodness_of_fit(counts, reference_distribution(logits[0].tolist(), **params))
+
+
+@pytest.mark.parametrize("cap_offset", [-3, -1, 0, 1], ids=["cap<<n", "cap=n-1", "cap=n", "cap>n"])
+def test_top_p_candidates_cover_the_nucleus_or_fall_back_to_a_full_sort(cap_offset: int) -> None:
+    """A nucleus wider than the candidate cap (a flat distribution) is redone over the whole
+    row; one that fits stays within the candidates, normalised over the whole vocabulary."""
+    params = dict(temperature=1.0, top_k=-1, top_p=0.9, min_p=0.0)
+    logits = random_logits(1, seed=3) / 3
+    expected = reference_distribution(logits[0].tolist(), **params)
+    nucleus = sum(p > 0 for p in expected)
+    assert nucleus + cap_offset < VOCAB - 1  # the cap really cuts the vocabulary
+    sampler = Sampler(candidate_cap=nucleus + cap_offset)
+    group = candidate_distribution(sampler, logits, req_with_history([2], [], **params))
+    is_full_sort = cap_offset < 0
+    assert group.weights.shape[-1] == (VOCAB if is_full_sort else nucleus + cap_offset)
+    assert normalised(group) == pytest.approx(expected, abs=1e-6)
+    assert_goodness_of_fit(seeded_draws(sampler, logits, params, 20_000), expected)
+
+
+def test_a_mixed_batch_draws_each_row_from_its_own_support() -> None:
+    """Greedy, seeded, top-k, top-p (one sharing the top-k rows' candidate count, one
+    falling back to a full sort), min-p and plain rows in one batch."""
+    rows = {
+        "greedy": dict(temperature=0.0),
+        "seeded": dict(temperature=0.9, seed=7),
+        "top_k": dict(temperature=1.0, top_k=4),
+        "top_p": dict(temperature=1.0, top_p=0.5),
+        "top_p_wide": dict(temperature=2.0, top_p=0.95),
+        "top_k_top_p": dict(temperature=0.7, top_k=4, top_p=0.8, min_p=0.1),
+        "min_p": dict(temperature=1.5, min_p=0.3),
+        "plain": dict(temperature=1.0),
+    }
+    logits = random_logits(len(rows), seed=21) / 2
+    expected = [reference_for(logits[row], params) for row, params in enumerate(rows.values())]
+    sampler = Sampler(candidate_cap=4)
+    reqs = [req_with_history([2], [], **params) for params in rows.values()]
+    groups = sampler.candidates(logits.clone(), reqs)
+    # plain rows over the vocabulary, the wide top-p row sorted, the others from 4 candidates
+    assert [(g.rows, g.weights.shape[-1]) for g in groups] == [
+        ([1, 6, 7], VOCAB),
+        ([4], VOCAB),
+        ([2, 3, 5], 4),
+    ]
+    for group in groups:
+        for j, row in enumerate(group.rows):
+            assert normalised(group, j) == pytest.approx(expected[row], abs=1e-6)
+    support = [{t for t, p in enumerate(e) if p > 0} for e in expected]
+    seeded = req_with_history([2], [], **rows["seeded"])
+    seen: list[set[int]] = [set() for _ in rows]
+    for _ in range(200):
+        reqs = [req_with_history([2], [], **params) for params in rows.values()]
+        reqs[1] = seeded
+        for row, token in enumerate(sampler.sample(logits.clone(), reqs).token_ids):
+            assert token in support[row], list(rows)[row]
+            seen[row].add(token)
+    assert all(len(s) > 1 for s in seen[1:])  # the sampled rows really sample
+
+
+def test_draw_never_takes_a_zero_weight_token_at_the_float_edge() -> None:
+    """u * total may round up to the total (simulated by u = 1), or a total may be 0: the
+    row then takes its top token, never a removed one."""
+    weights = torch.tensor([[0.0, 0.5, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    most_likely = torch.tensor([2, 3])
+    uniforms = torch.tensor([1.0, 0.5])
+    dense = Candidates([0, 1], weights, None)
+    assert dense.draw(uniforms, most_likely).tolist() == [2, 3]
+    token_ids = torch.tensor([[7, 5, 6, 4], [3, 2, 1, 0]])
+    sorted_weights = torch.tensor([[0.6, 0.4, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    top = Candidates([0, 1], sorted_weights, token_ids).draw(uniforms, most_likely)
+    assert top.tolist() == [7, 3]  # column 0 of sorted candidates is the row's top token
 
 
 def test_draws_follow_the_distribution() -> None:
@@ -195,6 +316,30 @@ def test_seeded_draws_ignore_the_rest_of_the_batch() -> None:
     assert draw([1, 0, 2], 1) == alone
     assert draw([3, 2, 1, 0], 3) == alone
     assert len(set(alone)) > 1  # it really samples
+
+
+@pytest.mark.parametrize("params", [dict(top_k=5), dict(top_p=0.8)], ids=["top_k", "top_p"])
+def test_seeded_candidate_draws_ignore_the_rest_of_the_batch(params: dict) -> None:
+    """Other rows change which candidate groups exist (and a top-p row's candidate count is
+    shared with top-k rows of k = cap), never the seeded row's tokens."""
+    logits = random_logits(4, seed=11) / 3
+    others = [dict(top_k=3), dict(top_p=0.5), dict(temperature=0.0)]
+
+    def draw(batch_rows: list[int], seeded_row: int) -> list[int]:
+        sampler = Sampler(candidate_cap=3)
+        seeded = req_with_history([2], [], seed=99, **params)
+        tokens = []
+        for _ in range(20):
+            reqs = [req_with_history([2], [], **others[j % 3]) for j in range(len(batch_rows))]
+            reqs[seeded_row] = seeded
+            out = sampler.sample(logits[batch_rows].clone(), reqs)
+            tokens.append(out.token_ids[seeded_row])
+        return tokens
+
+    alone = draw([0], 0)
+    assert draw([1, 0, 2], 1) == alone
+    assert draw([3, 2, 1, 0], 3) == alone
+    assert len(set(alone)) > 1
 
 
 def test_logprobs_are_the_raw_model_distribution() -> None:
