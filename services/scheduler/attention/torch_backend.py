@@ -35,8 +35,15 @@ class DecodeGroup:
     """All one-token requests of a step, padded into one SDPA call."""
 
     rows: torch.Tensor  # [B] flat row of each decode token
-    slots: torch.Tensor  # [B, max_seq] slot table, padded with slot 0 (masked out)
+    flat_slots: torch.Tensor  # [B * max_seq] slot table, row-major, padded with slot 0
+    max_seq: int
     mask: torch.Tensor  # [B, 1, 1, max_seq] True where a key is real
+
+    def gather(self, buf: torch.Tensor) -> torch.Tensor:
+        """[B, max_seq, kv_heads, D] keys or values of every decode request, padded.
+        ``index_select`` on the flat table: several times faster than 2-D fancy indexing."""
+        num_reqs = self.rows.shape[0]
+        return buf.index_select(0, self.flat_slots).view(num_reqs, self.max_seq, *buf.shape[1:])
 
 
 @dataclass(slots=True)
@@ -87,13 +94,14 @@ class TorchAttentionBackend(AttentionBackend):
             if span.prefix_len == 0:  # nothing cached: the new K/V are the whole context
                 span_k, span_v = k[rows], v[rows]
             else:
-                span_k, span_v = k_buf[span.slots], v_buf[span.slots]
+                span_k = k_buf.index_select(0, span.slots)
+                span_v = v_buf.index_select(0, span.slots)
             span_q = q[rows].unsqueeze(0)
             out[rows] = _sdpa(span_q, span_k.unsqueeze(0), span_v.unsqueeze(0), span.mask, scale)[0]
         if meta.decode is not None:
             dec = meta.decode
             dec_q = q[dec.rows].unsqueeze(1)  # [B, 1, H, D]
-            dec_k, dec_v = k_buf[dec.slots], v_buf[dec.slots]  # [B, S, kvH, D]
+            dec_k, dec_v = dec.gather(k_buf), dec.gather(v_buf)  # [B, S, kvH, D]
             out[dec.rows] = _sdpa(dec_q, dec_k, dec_v, dec.mask, scale)[:, 0]
         return out
 
@@ -101,18 +109,26 @@ class TorchAttentionBackend(AttentionBackend):
 def _sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
-    """SDPA on [B, L, heads, D] layouts (the pool's); ``mask=None`` means causal, L == S."""
+    """SDPA on [B, L, heads, D] layouts (the pool's); ``mask=None`` means causal, L == S.
+
+    Decode calls (one query per request) on CPU run in float32 whatever the model dtype:
+    torch's bf16 SDPA is several times slower there for that shape (1.3 vs 0.3 ms a layer at
+    batch 32 on an AVX512_BF16 EPYC), and float32 is the more exact of the two. Prefill keeps
+    the model dtype, where both are as fast and HF's bf16 numerics are the reference.
+    """
     dtype = q.dtype  # the pool may store K/V in another dtype than the model computes in
+    is_cpu_decode = q.device.type == "cpu" and q.shape[1] == 1
+    compute = torch.float32 if is_cpu_decode else dtype
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2),
-        k.transpose(1, 2).to(dtype),
-        v.transpose(1, 2).to(dtype),
+        q.transpose(1, 2).to(compute),
+        k.transpose(1, 2).to(compute),
+        v.transpose(1, 2).to(compute),
         attn_mask=mask,
         is_causal=mask is None,
         scale=scale,
         enable_gqa=True,
     )
-    return out.transpose(1, 2)
+    return out.transpose(1, 2).to(dtype)
 
 
 def _extend_span(start: int, length: int, seq_len: int, slots: torch.Tensor) -> ExtendSpan:
@@ -132,4 +148,5 @@ def _decode_group(rows: list[int], slots: list[torch.Tensor]) -> DecodeGroup:
     table = pad_sequence(slots, batch_first=True, padding_value=0)
     key_pos = torch.arange(table.shape[1], device=device)
     mask = (key_pos[None, :] < seq_lens[:, None])[:, None, None, :]
-    return DecodeGroup(torch.tensor(rows, dtype=torch.int64, device=device), table, mask)
+    rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
+    return DecodeGroup(rows_t, table.reshape(-1), table.shape[1], mask)
