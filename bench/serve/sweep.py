@@ -47,6 +47,12 @@ def create_parser() -> argparse.ArgumentParser:
         default=[DEFAULTS, "float32"],
         help="'defaults' (each server's own dtype) and/or a dtype both servers run in",
     )
+    p.add_argument(
+        "--servers",
+        nargs="+",
+        choices=[s.label for s in SERVERS],
+        default=[s.label for s in SERVERS],
+    )
     p.add_argument("--concurrency", type=cli.positive_int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
     p.add_argument("--prompts-per-slot", type=cli.positive_int, default=2)
@@ -197,7 +203,8 @@ def main(argv: list[str]) -> int:
     try:
         for setting in args.settings:
             for server_cls in SERVERS:
-                cells += run_server_cells(server_cls, setting, args, device, log_dir)
+                if server_cls.label in args.servers:
+                    cells += run_server_cells(server_cls, setting, args, device, log_dir)
     except ServerStartError as exc:
         print(f"sweep failed: {exc}", file=sys.stderr)
         return 2

@@ -12,10 +12,11 @@ nucleus is wider than its candidates pays for a full sort.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from services.common.sampling_params import SamplingParams
 from services.scheduler.logits_processor import LogitsProcessor
@@ -23,6 +24,7 @@ from services.scheduler.req import LogprobEntry, Req
 
 CANDIDATE_CAP = 1024
 """Candidates a top-p row without top-k starts from (a peaked nucleus fits easily)."""
+_BLOCK = 128  # entries per block of the two-stage inverse CDF over a whole vocabulary
 
 
 @dataclass(slots=True)
@@ -47,22 +49,56 @@ class Candidates:
         dense = self.weights.new_zeros(len(self.rows), vocab)
         return dense.scatter_(1, self.token_ids, self.weights)
 
-    def draw(self, uniforms: torch.Tensor, most_likely: torch.Tensor) -> torch.Tensor:
+    def draw(self, uniforms: torch.Tensor, most_likely: Callable[[], torch.Tensor]) -> torch.Tensor:
         """One token per row: the first whose cumulative weight exceeds ``u * total``.
 
-        ``uniforms`` [n] lie in [0, 1); ``most_likely`` [n] is each row's argmax logit, which
+        ``uniforms`` [n] lie in [0, 1); ``most_likely()`` gives each row's argmax logit, which
         every filter keeps. A zero weight never passes the search, except when ``u * total``
         rounds up to the total (or the total is 0): then the row falls back to its top token.
+        That is rare, so the argmax over the vocabulary is computed only when it happens.
         """
-        cdf = torch.cumsum(self.weights, dim=-1)
-        targets = (uniforms.unsqueeze(1) * cdf[:, -1:]).contiguous()
-        index = torch.searchsorted(cdf, targets, right=True).clamp_max_(cdf.shape[-1] - 1)
+        index = _inverse_cdf(self.weights, uniforms)
         is_kept = self.weights.gather(1, index) > 0
         if self.token_ids is None:
-            return torch.where(is_kept, index, most_likely.unsqueeze(1)).squeeze(1)
+            if bool(is_kept.all()):
+                return index.squeeze(1)
+            return torch.where(is_kept, index, most_likely().unsqueeze(1)).squeeze(1)
         # Candidates are sorted descending: column 0 is the top token of the row.
         index = torch.where(is_kept, index, torch.zeros_like(index))
         return self.token_ids.gather(1, index).squeeze(1)
+
+
+def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row, the index [n, 1] of the first weight whose running sum exceeds u * total.
+
+    A wide row (the whole vocabulary) goes in two exact stages: block sums pick the block,
+    then a scan of that one block picks the entry. A full-width cumulative sum is a serial
+    pass that cost 13x the block sums at batch 32 over 129,280 entries here.
+    """
+    num_rows, width = weights.shape
+    if width <= 4 * _BLOCK:
+        return _search(weights, uniforms)
+    pad = -width % _BLOCK
+    blocks = (F.pad(weights, (0, pad)) if pad else weights).view(num_rows, -1, _BLOCK)
+    block_sums = blocks.sum(dim=-1)
+    cdf = block_sums.cumsum(dim=-1)
+    targets = uniforms.unsqueeze(1) * cdf[:, -1:]
+    block = torch.searchsorted(cdf, targets, right=True).clamp_max_(cdf.shape[-1] - 1)
+    mass_before = torch.where(block > 0, cdf.gather(1, (block - 1).clamp_min(0)), 0.0)
+    inside = blocks.gather(1, block.unsqueeze(2).expand(-1, -1, _BLOCK)).squeeze(1)
+    offset = _search(inside, uniforms, targets - mass_before)
+    return (block * _BLOCK + offset).clamp_max_(width - 1)
+
+
+def _search(
+    weights: torch.Tensor, uniforms: torch.Tensor, targets: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Inverse CDF by one cumulative sum; ``targets`` [n, 1] default to u * row total."""
+    cdf = torch.cumsum(weights, dim=-1)
+    if targets is None:
+        targets = uniforms.unsqueeze(1) * cdf[:, -1:]
+    index = torch.searchsorted(cdf, targets.contiguous(), right=True)
+    return index.clamp_max_(cdf.shape[-1] - 1)
 
 
 class Sampler:
@@ -122,16 +158,18 @@ class Sampler:
         return groups
 
     def _choose(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
+        device = logits.device
+        tokens = torch.zeros(len(reqs), dtype=torch.int64, device=device)
+        greedy = [i for i, r in enumerate(reqs) if r.params.is_greedy]
+        if greedy:
+            tokens[_ids(greedy, device)] = torch.argmax(_rows(logits, greedy), dim=-1)
         groups = self.candidates(logits, reqs)
-        num_sorted = sum(len(g.rows) for g in groups if g.token_ids is not None)
-        # The argmax serves greedy rows and the float-edge fallback of whole-vocabulary rows.
-        is_needed = num_sorted < len(reqs)
-        tokens = torch.argmax(logits, dim=-1) if is_needed else _ids([0] * len(reqs), logits.device)
         if groups:
-            uniforms = self._uniforms(reqs, logits.device)
+            uniforms = self._uniforms(reqs, device)
             for group in groups:
-                index = _ids(group.rows, logits.device)
-                tokens[index] = group.draw(uniforms[index], tokens[index])
+                index = _ids(group.rows, device)
+                top = lambda index=index: torch.argmax(logits[index], dim=-1)  # noqa: E731
+                tokens[index] = group.draw(uniforms[index], top)
         return tokens
 
     def _uniforms(self, reqs: Sequence[Req], device: torch.device) -> torch.Tensor:

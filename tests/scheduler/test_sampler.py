@@ -165,10 +165,11 @@ def normalised(group: Candidates, row: int = 0) -> list[float]:
 
 
 def seeded_draws(sampler: Sampler, logits: torch.Tensor, params: dict, num: int) -> torch.Tensor:
-    """Token counts [VOCAB] from ``num`` one-step requests seeded 0..num-1 (reproducible)."""
+    """Token counts [vocab] from ``num`` one-step requests seeded 0..num-1 (reproducible)."""
+    vocab = logits.shape[-1]
     reqs = [req_with_history([2], [], seed=i, **params) for i in range(num)]
-    tokens = sampler.sample(logits.expand(num, VOCAB).clone(), reqs).token_ids
-    return torch.bincount(torch.tensor(tokens), minlength=VOCAB).double()
+    tokens = sampler.sample(logits.expand(num, vocab).clone(), reqs).token_ids
+    return torch.bincount(torch.tensor(tokens), minlength=vocab).double()
 
 
 def assert_goodness_of_fit(counts: torch.Tensor, expected: list[float]) -> None:
@@ -199,6 +200,21 @@ def test_draws_pass_a_chi_square_test_against_the_reference(params: dict) -> Non
     logits = random_logits(1, seed=3)
     counts = seeded_draws(Sampler(), logits, params, 20_000)
     assert_goodness_of_fit(counts, reference_distribution(logits[0].tolist(), **params))
+
+
+@pytest.mark.parametrize("params", [dict(temperature=1.0), dict(temperature=0.7, min_p=0.05)])
+def test_a_vocabulary_wide_row_draws_through_block_sums_exactly(params: dict) -> None:
+    """Rows as wide as a real vocabulary take the two-stage inverse CDF (block sums, then
+    one block): mass on block edges and in the padded last block lands where it should."""
+    vocab = 1000  # wider than the scan threshold, and not a multiple of the block
+    support = [0, 127, 128, 255, 256, 511, 640, 998, 999]
+    logits = torch.full((1, vocab), float("-inf"))
+    logits[0, support] = torch.linspace(0.0, 2.5, len(support))
+    probs = torch.softmax(logits[0].double() / params["temperature"], dim=0)
+    if "min_p" in params:
+        probs = torch.where(probs >= params["min_p"] * probs.max(), probs, 0.0)
+    expected = (probs / probs.sum()).tolist()
+    assert_goodness_of_fit(seeded_draws(Sampler(), logits, params, 20_000), expected)
 
 
 @pytest.mark.parametrize("cap_offset", [-3, -1, 0, 1], ids=["cap<<n", "cap=n-1", "cap=n", "cap>n"])
@@ -264,10 +280,10 @@ def test_draw_never_takes_a_zero_weight_token_at_the_float_edge() -> None:
     most_likely = torch.tensor([2, 3])
     uniforms = torch.tensor([1.0, 0.5])
     dense = Candidates([0, 1], weights, None)
-    assert dense.draw(uniforms, most_likely).tolist() == [2, 3]
+    assert dense.draw(uniforms, lambda: most_likely).tolist() == [2, 3]
     token_ids = torch.tensor([[7, 5, 6, 4], [3, 2, 1, 0]])
     sorted_weights = torch.tensor([[0.6, 0.4, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
-    top = Candidates([0, 1], sorted_weights, token_ids).draw(uniforms, most_likely)
+    top = Candidates([0, 1], sorted_weights, token_ids).draw(uniforms, lambda: most_likely)
     assert top.tolist() == [7, 3]  # column 0 of sorted candidates is the row's top token
 
 
