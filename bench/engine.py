@@ -2,11 +2,11 @@
 
 ``python -m bench.engine`` measures, side by side in one run:
 
-* for each concurrency C: the engine's output tokens/s while C greedy requests decode
-  (schedule + ForwardBatch + forward + sampling + stop checks, i.e. whole ``step()``
-  calls), beside the bound: the same model's bare batched decode forward of C tokens
-  at the same context length, with no scheduling or sampling. Goal: ratio >= 0.85 at
-  C >= 32.
+* for each temperature (1.0, the OpenAI default, and 0, greedy) and concurrency C: the
+  engine's output tokens/s while C requests decode (schedule + ForwardBatch + forward +
+  sampling + stop checks, i.e. whole ``step()`` calls), beside the bound: the same
+  model's bare batched decode forward (all layers and the LM head) of C tokens at the
+  same context length, with no scheduling or sampling. Goal: ratio >= 0.85 at C >= 32.
 * TTFT of a request whose 1,000-token prefix is in the radix cache vs the same shape
   cold. Goal: cached / cold <= 0.2.
 
@@ -16,6 +16,7 @@ Writes ``bench/results/engine.json`` and ``bench/results/engine.png``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from bench.machine import describe, machine_info
 from services.common.sampling_params import SamplingParams
 from services.common.tokenizer import load_tokenizer
 from services.scheduler.engine import Scheduler, SchedulerConfig
@@ -50,10 +52,12 @@ class BenchArgs:
     prefix_len: int
     repeats: int
     num_threads: int
+    temperatures: list[float]
 
 
 @dataclass(slots=True)
 class ThroughputRow:
+    temperature: float  # 0: greedy; otherwise sampled (the sampler is part of every step)
     concurrency: int
     engine_tok_s: float  # decode steps only: C tokens per whole step()
     bound_tok_s: float  # bare model.forward of the same C decode tokens, paired per step
@@ -71,12 +75,19 @@ def parse_args() -> BenchArgs:
         default=AUTO,
         help="auto: as the scheduler chooses for the checkpoint on this hardware",
     )
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64, 128])
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--prefix-len", type=int, default=1000)
     p.add_argument("--repeats", type=int, default=2, help="runs per concurrency, summed")
     p.add_argument("--num-threads", type=int, default=0, help="torch threads (0: default)")
+    p.add_argument(
+        "--temperatures",
+        type=float,
+        nargs="+",
+        default=[1.0, 0.0],
+        help="1.0 is the OpenAI default (sampled); 0 is greedy",
+    )
     return BenchArgs(**vars(p.parse_args()))
 
 
@@ -111,7 +122,11 @@ def random_prompt(rng: random.Random, length: int) -> list[int]:
 
 
 def greedy_req(rid: str, input_ids: list[int], max_new_tokens: int) -> Req:
-    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
+    return bench_req(rid, input_ids, max_new_tokens, temperature=0.0)
+
+
+def bench_req(rid: str, input_ids: list[int], max_new_tokens: int, temperature: float) -> Req:
+    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, ignore_eos=True)
     return Req(rid=rid, input_ids=input_ids, params=params)
 
 
@@ -126,13 +141,15 @@ class DecodeTimes:
     end_to_end_tok_s: float = 0.0
 
 
-def engine_decode(scheduler: Scheduler, args: BenchArgs, c: int, seed: int) -> DecodeTimes:
+def engine_decode(
+    scheduler: Scheduler, args: BenchArgs, c: int, seed: int, temperature: float = 0.0
+) -> DecodeTimes:
     """Run C requests submitted together; pair every all-decode step with a bare forward
     of the same batch (same sizes and context lengths), so both see the same machine load."""
     rng = random.Random(seed)
     for i in range(c):
         prompt = random_prompt(rng, args.prompt_len)
-        scheduler.add_request(greedy_req(f"t{i}", prompt, args.output_len))
+        scheduler.add_request(bench_req(f"t{i}", prompt, args.output_len, temperature))
     scratch = scheduler.kv_pool.allocate(c * (args.prompt_len + args.output_len))
     times, total_tokens = DecodeTimes(), 0
     start = time.perf_counter()
@@ -177,19 +194,20 @@ def bare_forward(
 def measure_throughput(scheduler: Scheduler, args: BenchArgs) -> list[ThroughputRow]:
     engine_decode(scheduler, args, 2, seed=-1)  # warm-up
     rows = []
-    for c in args.concurrency:
+    for temperature, c in itertools.product(args.temperatures, args.concurrency):
         total = DecodeTimes()
         for r in range(args.repeats):
-            run = engine_decode(scheduler, args, c, seed=c * 100 + r)
+            run = engine_decode(scheduler, args, c, seed=c * 100 + r, temperature=temperature)
             total.engine_s += run.engine_s
             total.bound_s += run.bound_s
             total.tokens += run.tokens
             total.end_to_end_tok_s = max(total.end_to_end_tok_s, run.end_to_end_tok_s)
         engine, bound = total.tokens / total.engine_s, total.tokens / total.bound_s
-        row = ThroughputRow(c, engine, bound, engine / bound, total.end_to_end_tok_s)
+        row = ThroughputRow(temperature, c, engine, bound, engine / bound, total.end_to_end_tok_s)
         print(
-            f"C={c:4d}  engine {row.engine_tok_s:9.1f} tok/s  bound {row.bound_tok_s:9.1f} "
-            f"tok/s  ratio {row.ratio:5.2f}  (end-to-end {row.end_to_end_tok_s:8.1f} tok/s)",
+            f"T={temperature:<4} C={c:4d}  engine {row.engine_tok_s:9.1f} tok/s  "
+            f"bound {row.bound_tok_s:9.1f} tok/s  ratio {row.ratio:5.2f}  "
+            f"(end-to-end {row.end_to_end_tok_s:8.1f} tok/s)",
             flush=True,
         )
         rows.append(row)
@@ -250,12 +268,21 @@ def plot(rows: list[ThroughputRow], ttft: dict[str, float], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1]})
-    xs = range(len(rows))
-    ax1.bar([x - 0.2 for x in xs], [r.bound_tok_s for r in rows], 0.4, label="bare forward")
-    ax1.bar([x + 0.2 for x in xs], [r.engine_tok_s for r in rows], 0.4, label="engine")
-    for x, r in zip(xs, rows, strict=True):
-        ax1.text(x + 0.2, r.engine_tok_s, f"{r.ratio:.0%}", ha="center", va="bottom")
-    ax1.set_xticks(list(xs), [str(r.concurrency) for r in rows])
+    concurrencies = sorted({r.concurrency for r in rows})
+    temperatures = sorted({r.temperature for r in rows}, reverse=True)
+    width = 0.8 / (1 + len(temperatures))
+    by_key = {(r.temperature, r.concurrency): r for r in rows}
+    xs = range(len(concurrencies))
+    bound = [by_key[(temperatures[0], c)].bound_tok_s for c in concurrencies]
+    ax1.bar([x - 0.4 + width / 2 for x in xs], bound, width, label="bare forward")
+    for i, temp in enumerate(temperatures, start=1):
+        offsets = [x - 0.4 + width * (i + 0.5) for x in xs]
+        mine = [by_key[(temp, c)] for c in concurrencies]
+        label = "engine, greedy" if temp == 0 else f"engine, T={temp}"
+        ax1.bar(offsets, [r.engine_tok_s for r in mine], width, label=label)
+        for x, r in zip(offsets, mine, strict=True):
+            ax1.text(x, r.engine_tok_s, f"{r.ratio:.0%}", ha="center", va="bottom", fontsize=7)
+    ax1.set_xticks(list(xs), [str(c) for c in concurrencies])
     ax1.set_xlabel("concurrent requests")
     ax1.set_ylabel("output tokens/s (decode)")
     ax1.set_yscale("log")
@@ -271,9 +298,11 @@ def plot(rows: list[ThroughputRow], ttft: dict[str, float], path: Path) -> None:
 def main() -> None:
     args = parse_args()
     scheduler = build(args)
+    machine = machine_info()
     print(
         f"model {args.model} on {args.device}, {torch.get_num_threads()} threads; prompts "
-        f"{args.prompt_len} tokens, {args.output_len} output tokens, greedy",
+        f"{args.prompt_len} tokens, {args.output_len} output tokens, temperatures "
+        f"{args.temperatures}\nmachine: {describe(machine)}",
         flush=True,
     )
     rows = measure_throughput(scheduler, args)
@@ -281,7 +310,8 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     report = {
         "args": asdict(args),
-        "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "machine": machine,
+        "dtype": str(next(scheduler.model.parameters()).dtype).removeprefix("torch."),
         "throughput": [asdict(r) for r in rows],
         "ttft": ttft,
     }

@@ -217,14 +217,20 @@ def _row_values(
 
 
 def _dense_candidates(logits: torch.Tensor, reqs: Sequence[Req], rows: list[int]) -> Candidates:
-    """Rows with neither top-k nor top-p: softmax over the whole row; min-p needs only the
-    row's largest probability, not a sort."""
+    """Rows with neither top-k nor top-p: the whole row, as ``exp(x / T - max)``.
+
+    That is the softmax without its normalisation, which the inverse CDF does not need, and
+    it is computed in place on ``logits`` (consumed) so no [B, V] buffer is allocated. The
+    largest weight is exactly 1, so min-p (``p < min_p * p_max``) is ``w < min_p``.
+    """
+    values = _rows(logits, rows)
     temperatures = [reqs[i].params.temperature for i in rows]
-    probs = torch.softmax(_over_temperature(_rows(logits, rows), temperatures), dim=-1)
+    if any(t != 1.0 for t in temperatures):
+        values.div_(torch.tensor(temperatures, device=values.device).unsqueeze(1))
+    values.sub_(values.amax(dim=-1, keepdim=True)).exp_()
     if any(reqs[i].params.min_p > 0.0 for i in rows):
-        min_p = _row_values(reqs, rows, "min_p", logits.device)
-        probs.masked_fill_(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
-    return Candidates(rows, probs, None)
+        values.masked_fill_(values < _row_values(reqs, rows, "min_p", values.device), 0.0)
+    return Candidates(rows, values, None)
 
 
 def _top_candidates(
