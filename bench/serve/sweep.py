@@ -118,7 +118,10 @@ def cell_row(
     label: str, setting: str, dtype: str, args: argparse.Namespace, report: dict, results: list
 ) -> dict[str, Any]:
     summary = report["summary"]
-    dispatch = [r.stages_ms["dispatch"] for r in results if "dispatch" in r.stages_ms]
+    dispatch = [r.stages_ms.get("dispatch") for r in results]
+    # The first C requests arrive together; later ones each as a slot frees (steady state).
+    steady = [d for d in dispatch[args.max_concurrency :] if d is not None]
+    dispatch = [d for d in dispatch if d is not None]
     return {
         "server": label,
         "setting": setting,
@@ -133,13 +136,15 @@ def cell_row(
         "ttft_p50_ms": summary["ttft_ms"]["p50"],
         "tpot_p50_ms": summary["tpot_ms"]["p50"],
         "dispatch_p50_ms": percentile(dispatch, 50) if dispatch else None,
+        "steady_dispatch_p50_ms": percentile(steady, 50) if steady else None,
         "errors": summary["errors"],
     }
 
 
 def cell_line(c: dict[str, Any]) -> str:
-    dispatch = c["dispatch_p50_ms"]
+    dispatch, steady = c["dispatch_p50_ms"], c["steady_dispatch_p50_ms"]
     extra = f" dispatch p50 {dispatch:.2f} ms" if dispatch is not None else ""
+    extra += f" (steady {steady:.2f} ms)" if steady is not None else ""
     return (
         f"{c['server']:<12} {c['setting']:<9} T={c['temperature']:<4} C={c['concurrency']:<3} "
         f"{c['output_tok_s']:8.1f} tok/s  TTFT p50 {c['ttft_p50_ms'] or 0:8.1f} ms "
@@ -165,6 +170,7 @@ def ratio_rows(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "throughput_ratio": _ratio(ours["output_tok_s"], theirs["output_tok_s"]),
                 "ttft_p50_ratio": _ratio(ours["ttft_p50_ms"], theirs["ttft_p50_ms"]),
                 "tokenline_dispatch_p50_ms": ours["dispatch_p50_ms"],
+                "tokenline_steady_dispatch_p50_ms": ours["steady_dispatch_p50_ms"],
             }
         )
     return rows
@@ -176,16 +182,20 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def table_lines(rows: list[dict[str, Any]]) -> list[str]:
     head = f"{'setting':<10}{'T':>5}{'C':>5}{'tokenline':>11}{'transformers':>14}"
-    lines = [head + f"{'tok/s ×':>9}{'TTFT p50 ×':>12}{'dispatch p50':>14}"]
+    lines = [head + f"{'tok/s ×':>9}{'TTFT p50 ×':>12}{'dispatch p50 all/steady':>26}"]
     for r in rows:
-        d = r["tokenline_dispatch_p50_ms"]
+        d, steady = r["tokenline_dispatch_p50_ms"], r["tokenline_steady_dispatch_p50_ms"]
         lines.append(
             f"{r['setting']:<10}{r['temperature']:>5}{r['concurrency']:>5}"
             f"{r['tokenline_tok_s']:>11.1f}{r['transformers_tok_s']:>14.1f}"
             f"{_fmt(r['throughput_ratio'], 9)}{_fmt(r['ttft_p50_ratio'], 12)}"
-            f"{(f'{d:.2f} ms' if d is not None else '-'):>14}"
+            f"{_ms(d):>14}{_ms(steady):>12}"
         )
     return lines
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} ms"
 
 
 def _fmt(value: float | None, width: int) -> str:

@@ -85,3 +85,11 @@ def test_request_bodies() -> None:
     body = request_body(plain, prompt)
     assert request_url(plain) == "http://h/v1/completions"
     assert body["prompt"] == "sys q" and "ignore_eos" not in body and "messages" not in body
+
+
+def test_the_stage_breakdown_of_a_finish_chunk_is_kept() -> None:
+    timer = ChunkTimer(RequestResult(start_s=0.0), sent_at=0.0)
+    timer.on_chunk({"choices": [{"delta": {"content": "hi"}}]}, 0.1)
+    finish = {"choices": [{"delta": {}, "finish_reason": "length"}]}
+    timer.on_chunk(finish | {"debug": {"stages_ms": {"dispatch": 1.5, "queue": 3.0}}}, 0.2)
+    assert timer.finish(0.3).stages_ms == {"dispatch": 1.5, "queue": 3.0}

@@ -1,0 +1,154 @@
+"""What the service split costs: tokens/s through gateway + frontend + scheduler +
+detokenizer, against the scheduler's engine alone, in one process, on the same work.
+
+``python -m bench.split`` builds the engine exactly as the scheduler process does
+(``build_engine`` with the same default flags), then alternates rounds: C requests of
+the same token ids (``ignore_eos``, ``max_tokens`` = output length) stepped to the end
+in-process, and the same C requests as streaming ``/v1/completions`` calls with token-id
+prompts through the running stack. Both measure output tokens over the wall time from
+the first submission to the last finish. Goal: stack / engine >= 0.85 at C = 64.
+
+Writes ``bench/results/split.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.machine import describe, machine_info
+from bench.serve.report import write_json
+from services.common.sampling_params import SamplingParams
+from services.launch import LocalStack, StackPorts
+from services.scheduler.__main__ import build_engine
+from services.scheduler.__main__ import parse_args as scheduler_args
+from services.scheduler.engine import Scheduler
+from services.scheduler.req import Req
+
+RESULTS = Path("bench/results")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.split", description=__doc__)
+    p.add_argument("--model", default="models/tokenline-tiny")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[64])
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
+    p.add_argument("--rounds", type=int, default=3, help="engine/stack pairs per cell")
+    return p.parse_args()
+
+
+def prompts(num: int, length: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[0, *(rng.randrange(1000, 30_000) for _ in range(length - 1))] for _ in range(num)]
+
+
+def run_engine(scheduler: Scheduler, ids: list[list[int]], out_len: int, temp: float) -> float:
+    """Output tokens/s of the engine alone on these prompts, submitted together."""
+    start = time.perf_counter()
+    for i, prompt in enumerate(ids):
+        params = SamplingParams(temperature=temp, max_new_tokens=out_len, ignore_eos=True)
+        scheduler.add_request(Req(rid=f"split-{start}-{i}", input_ids=prompt, params=params))
+    produced = 0
+    while scheduler.has_work:
+        produced += sum(len(row.new_token_ids) for row in scheduler.step())
+    elapsed = time.perf_counter() - start
+    scheduler.flush_cache()  # the next round must not start from a warm prefix cache
+    return produced / elapsed
+
+
+async def run_stack(base_url: str, ids: list[list[int]], out_len: int, temp: float) -> float:
+    """Output tokens/s of the same requests streamed through the gateway."""
+    limits = httpx.Limits(max_connections=len(ids))
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        start = time.perf_counter()
+        counts = await asyncio.gather(*(_stream(client, base_url, p, out_len, temp) for p in ids))
+        elapsed = time.perf_counter() - start
+    return sum(counts) / elapsed
+
+
+async def _stream(
+    client: httpx.AsyncClient, base_url: str, prompt: list[int], out_len: int, temp: float
+) -> int:
+    body = {
+        "model": "tokenline-tiny",
+        "prompt": prompt,
+        "max_tokens": out_len,
+        "temperature": temp,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    tokens = 0
+    async with client.stream("POST", f"{base_url}/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if line.startswith("data:") and line != "data: [DONE]":
+                usage = json.loads(line[5:]).get("usage")
+                if usage:
+                    tokens = usage["completion_tokens"]
+    if tokens != out_len:
+        raise RuntimeError(f"a request produced {tokens} tokens, expected {out_len}")
+    return tokens
+
+
+def measure(args: argparse.Namespace, scheduler: Scheduler, base_url: str) -> list[dict]:
+    cells = []
+    for temp in args.temperatures:
+        for c in args.concurrency:
+            engine, stack = [], []
+            for r in range(args.rounds):
+                ids = prompts(c, args.input_len, seed=r)
+                engine.append(run_engine(scheduler, ids, args.output_len, temp))
+                stack.append(asyncio.run(run_stack(base_url, ids, args.output_len, temp)))
+            cell = _cell(temp, c, engine, stack)
+            print(
+                f"T={temp:<4} C={c:<4} engine {cell['engine_tok_s']:8.1f} tok/s  stack "
+                f"{cell['stack_tok_s']:8.1f} tok/s  ratio {cell['ratio']:.2f} "
+                f"(rounds {', '.join(f'{x:.2f}' for x in cell['round_ratios'])})",
+                flush=True,
+            )
+            cells.append(cell)
+    return cells
+
+
+def _cell(temp: float, c: int, engine: list[float], stack: list[float]) -> dict[str, Any]:
+    return {
+        "temperature": temp,
+        "concurrency": c,
+        "engine_tok_s": statistics.median(engine),
+        "stack_tok_s": statistics.median(stack),
+        "ratio": statistics.median(s / e for s, e in zip(stack, engine, strict=True)),
+        "round_ratios": [s / e for s, e in zip(stack, engine, strict=True)],
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    machine = machine_info()
+    print(f"machine: {describe(machine)}", flush=True)
+    scheduler, _, dtype = build_engine(scheduler_args(["--model", args.model]))
+    stack = LocalStack(args.model, StackPorts.free(), log_dir=RESULTS / "split-logs")
+    stack.start(timeout=300)
+    try:
+        run_engine(scheduler, prompts(4, args.input_len, seed=99), 8, 1.0)  # warm-up
+        asyncio.run(run_stack(stack.base_url, prompts(4, args.input_len, seed=99), 8, 1.0))
+        cells = measure(args, scheduler, stack.base_url)
+    finally:
+        stack.stop()
+    report = {"machine": machine, "dtype": dtype, "args": vars(args), "cells": cells}
+    write_json(report, RESULTS / "split.json")
+    print(f"wrote {RESULTS / 'split.json'}")
+
+
+if __name__ == "__main__":
+    main()

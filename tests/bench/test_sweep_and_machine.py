@@ -1,0 +1,61 @@
+"""The pure parts of `bench.serve sweep` and `bench.machine`: pairing cells into ratios,
+and reading a CPU's model and flags (machines of one kind differ)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.machine import cpu_model_and_flags, describe
+from bench.serve.sweep import ratio_rows, server_dtype, table_lines
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 9R14
+flags\t\t: fpu sse2 avx2 avx512f avx512_bf16 vaes
+processor\t: 1
+model name\t: AMD EPYC 9R14
+flags\t\t: fpu sse2 avx2 avx512f avx512_bf16 vaes
+"""
+
+
+def test_cpu_model_and_the_flags_that_matter() -> None:
+    model, flags = cpu_model_and_flags(CPUINFO)
+    assert model == "AMD EPYC 9R14"
+    assert flags == ["avx2", "avx512f", "avx512_bf16"]  # not amx, not the noise
+    info = {"cpu": model, "cpu_flags": flags, "cpu_count": 2, "torch": "2.13.0"}
+    assert describe(info) == "AMD EPYC 9R14 (2 cores; avx2,avx512f,avx512_bf16); torch 2.13.0"
+
+
+def cell(server: str, setting: str, temp: float, conc: int, tok_s: float, ttft: float) -> dict:
+    return {
+        "server": server,
+        "setting": setting,
+        "temperature": temp,
+        "concurrency": conc,
+        "output_tok_s": tok_s,
+        "ttft_p50_ms": ttft,
+        "dispatch_p50_ms": 2.0 if server == "tokenline" else None,
+        "steady_dispatch_p50_ms": 1.0 if server == "tokenline" else None,
+    }
+
+
+def test_ratios_pair_the_same_setting_temperature_and_concurrency() -> None:
+    cells = [
+        cell("tokenline", "defaults", 1.0, 32, 800.0, 100.0),
+        cell("tokenline", "defaults", 0.0, 32, 900.0, 90.0),
+        cell("transformers", "defaults", 0.0, 32, 300.0, 360.0),
+        cell("transformers", "defaults", 1.0, 32, 400.0, 400.0),
+        cell("tokenline", "float32", 1.0, 32, 500.0, 100.0),  # no peer cell: no ratio
+    ]
+    rows = {(r["setting"], r["temperature"]): r for r in ratio_rows(cells)}
+    assert set(rows) == {("defaults", 1.0), ("defaults", 0.0)}
+    assert rows[("defaults", 1.0)]["throughput_ratio"] == pytest.approx(2.0)
+    assert rows[("defaults", 1.0)]["ttft_p50_ratio"] == pytest.approx(0.25)
+    assert rows[("defaults", 0.0)]["throughput_ratio"] == pytest.approx(3.0)
+    lines = table_lines(list(rows.values()))
+    assert len(lines) == 3 and "2.00" in lines[1] and "1.00 ms" in lines[1]
+
+
+def test_each_server_runs_at_its_own_default_or_the_named_dtype() -> None:
+    assert server_dtype("defaults") == "auto"
+    assert server_dtype("float32") == "float32"
