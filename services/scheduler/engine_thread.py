@@ -117,13 +117,16 @@ class EngineThread:
         self.sink = sink  # gets each step's rows on this thread; may block (backpressure)
         self.on_stats = on_stats  # gets the engine's counts after every step, on this thread
         self.inbox: queue.Queue[Command | None] = queue.Queue(inbox_size)
-        config = scheduler.config
-        self.live = LiveRids(config.max_waiting_requests + config.max_running_requests)
+        # Live rids include running ones, so the engine's own waiting-queue bound can never
+        # refuse a request this side accepted.
+        self.live = LiveRids(scheduler.config.max_waiting_requests)
         self.stats = EngineStats(num_total_kv_tokens=scheduler.kv_pool.num_tokens)
         self._publish_stats()
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._stopped = threading.Event()
         self._idle = threading.Event()  # set while the thread waits with nothing to do
+        self._num_unapplied = 0  # commands submitted and not yet applied; under _count_lock
+        self._count_lock = threading.Lock()
         self.fatal_error: BaseException | None = None
 
     def start(self) -> None:
@@ -138,7 +141,7 @@ class EngineThread:
     @property
     def is_idle(self) -> bool:
         """No request queued or running and no command waiting; its rows were handed over."""
-        return self._idle.is_set() and self.inbox.empty()
+        return self._idle.is_set() and self._num_unapplied == 0
 
     # ---- loop side ---------------------------------------------------------------
 
@@ -168,10 +171,17 @@ class EngineThread:
 
     def _submit(self, command: Command) -> None:
         """Non-blocking; RESOURCE_EXHAUSTED when the inbox is full."""
+        with self._count_lock:
+            self._num_unapplied += 1
         try:
             self.inbox.put_nowait(command)
         except queue.Full:
+            self._applied()
             raise ResourceExhaustedError("scheduler inbox is full, retry later") from None
+
+    def _applied(self) -> None:
+        with self._count_lock:
+            self._num_unapplied -= 1
 
     # ---- engine thread -------------------------------------------------------------
 
@@ -213,6 +223,7 @@ class EngineThread:
             if command is None:
                 return
             self._apply(command)
+            self._applied()
 
     def _apply(self, command: Command) -> None:
         if isinstance(command, AbortCommand):

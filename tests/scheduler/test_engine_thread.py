@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from services.common.errors import AlreadyExistsError, InvalidArgumentError
+from services.common.errors import (
+    AlreadyExistsError,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+)
 from services.scheduler.engine import OutputRow, RowInit
 from services.scheduler.engine_thread import EngineThread
 from services.scheduler.protocol import row_to_pb
@@ -79,6 +83,28 @@ def test_add_and_abort_answer_while_the_engine_is_stuck_in_a_step(gated: tuple) 
     # Final rows released the rids: the same ids may be used again.
     engine.add_request(make_req("second", PROMPT, temperature=0.0, max_new_tokens=1))
     assert sink.finals({"second"})["second"].finish.kind == "length"
+
+
+def test_a_full_scheduler_refuses_at_once_and_frees_the_slot_when_a_request_ends(
+    default_model_dir: Path,
+) -> None:
+    sink = GatedSink()
+    scheduler = make_scheduler(default_model_dir, max_waiting_requests=2)
+    engine = EngineThread(scheduler, sink)
+    engine.start()
+    try:
+        engine.add_request(make_req("a", PROMPT, temperature=0.0, max_new_tokens=2))
+        assert sink.entered.wait(timeout=60)  # "a" runs; the engine is blocked mid-step
+        engine.add_request(make_req("b", PROMPT, temperature=0.0, max_new_tokens=2))
+        with pytest.raises(ResourceExhaustedError):  # live = running + waiting = 2
+            engine.add_request(make_req("c", PROMPT, max_new_tokens=2))
+        sink.gate.set()
+        assert {r.finish.kind for r in sink.finals({"a", "b"}).values()} == {"length"}
+        engine.add_request(make_req("c", PROMPT, temperature=0.0, max_new_tokens=1))
+        assert sink.finals({"c"})["c"].finish.kind == "length"
+    finally:
+        sink.gate.set()
+        engine.stop()
 
 
 def test_output_rows_are_snapshots_that_share_nothing_with_the_req(
