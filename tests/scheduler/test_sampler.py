@@ -314,15 +314,26 @@ def test_greedy_takes_argmax_after_penalties_and_bias() -> None:
     assert Sampler().sample(logits, [plain, penalised]).token_ids == [3, 4]
 
 
-def test_seeded_draws_ignore_the_rest_of_the_batch() -> None:
+SEEDED_CASES = {
+    # (the seeded row's params, what the other rows of the batch ask for)
+    "temperature": (dict(temperature=1.0), [dict(temperature=1.0)]),
+    # Other rows change which candidate groups exist (and a top-p row's candidate count is
+    # shared with top-k rows of k = cap), never the seeded row's tokens.
+    "top_k": (dict(top_k=5), [dict(top_k=3), dict(top_p=0.5), dict(temperature=0.0)]),
+    "top_p": (dict(top_p=0.8), [dict(top_k=3), dict(top_p=0.5), dict(temperature=0.0)]),
+}
+
+
+@pytest.mark.parametrize("params, others", SEEDED_CASES.values(), ids=SEEDED_CASES.keys())
+def test_seeded_draws_ignore_the_rest_of_the_batch(params: dict, others: list[dict]) -> None:
     logits = random_logits(4, seed=11) / 3  # flat enough that draws vary
 
     def draw(batch_rows: list[int], seeded_row: int) -> list[int]:
-        sampler = Sampler()
-        seeded = req_with_history([2], [], seed=1234, temperature=1.0)
+        sampler = Sampler(candidate_cap=3)
+        seeded = req_with_history([2], [], seed=1234, **params)
         tokens = []
         for _ in range(20):
-            reqs = [req_with_history([2], [], temperature=1.0) for _ in batch_rows]
+            reqs = [req_with_history([2], [], **others[j % len(others)]) for j in batch_rows]
             reqs[seeded_row] = seeded
             out = sampler.sample(logits[batch_rows].clone(), reqs)
             tokens.append(out.token_ids[seeded_row])
@@ -332,30 +343,6 @@ def test_seeded_draws_ignore_the_rest_of_the_batch() -> None:
     assert draw([1, 0, 2], 1) == alone
     assert draw([3, 2, 1, 0], 3) == alone
     assert len(set(alone)) > 1  # it really samples
-
-
-@pytest.mark.parametrize("params", [dict(top_k=5), dict(top_p=0.8)], ids=["top_k", "top_p"])
-def test_seeded_candidate_draws_ignore_the_rest_of_the_batch(params: dict) -> None:
-    """Other rows change which candidate groups exist (and a top-p row's candidate count is
-    shared with top-k rows of k = cap), never the seeded row's tokens."""
-    logits = random_logits(4, seed=11) / 3
-    others = [dict(top_k=3), dict(top_p=0.5), dict(temperature=0.0)]
-
-    def draw(batch_rows: list[int], seeded_row: int) -> list[int]:
-        sampler = Sampler(candidate_cap=3)
-        seeded = req_with_history([2], [], seed=99, **params)
-        tokens = []
-        for _ in range(20):
-            reqs = [req_with_history([2], [], **others[j % 3]) for j in range(len(batch_rows))]
-            reqs[seeded_row] = seeded
-            out = sampler.sample(logits[batch_rows].clone(), reqs)
-            tokens.append(out.token_ids[seeded_row])
-        return tokens
-
-    alone = draw([0], 0)
-    assert draw([1, 0, 2], 1) == alone
-    assert draw([3, 2, 1, 0], 3) == alone
-    assert len(set(alone)) > 1
 
 
 def test_logprobs_are_the_raw_model_distribution() -> None:
