@@ -70,7 +70,7 @@ def bench_engine(args: argparse.Namespace) -> list[EngineRow]:
         BenchArgs(
             model=args.model, device="cpu", dtype="float32", concurrency=args.concurrency,
             prompt_len=32, output_len=args.output_len, prefix_len=0, repeats=1,
-            num_threads=args.num_threads,
+            num_threads=args.num_threads, temperatures=[0.0],
         )
     )  # fmt: skip
     metrics = SchedulerMetrics("bench", CollectorRegistry())
