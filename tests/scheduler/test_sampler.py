@@ -10,7 +10,7 @@ from scipy.stats import chisquare
 
 from services.scheduler.logits_processor import LogitsProcessor
 from services.scheduler.req import Req
-from services.scheduler.sampler import Candidates, Sampler
+from services.scheduler.sampler import Candidates, Sampler, nucleus_mask
 from tests.scheduler.factories import make_req
 
 VOCAB = 12
@@ -215,6 +215,37 @@ def test_a_vocabulary_wide_row_draws_through_block_sums_exactly(params: dict) ->
         probs = torch.where(probs >= params["min_p"] * probs.max(), probs, 0.0)
     expected = (probs / probs.sum()).tolist()
     assert_goodness_of_fit(seeded_draws(Sampler(), logits, params, 20_000), expected)
+
+
+def sorted_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The definition, by a full sort: keep a token while the mass before it is < top_p."""
+    values, order = probs.sort(descending=True)
+    keep_sorted = values.cumsum(0) - values < top_p
+    return torch.zeros_like(keep_sorted).scatter(0, order, keep_sorted)
+
+
+@pytest.mark.parametrize("spread", [0.3, 1.0, 4.0], ids=["flat", "random-model", "peaked"])
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.99])
+def test_the_binned_nucleus_equals_the_sorted_one(spread: float, top_p: float) -> None:
+    """Wide rows (a flat 20,000-token distribution like the random default model's) find
+    their nucleus without a sort: the kept tokens are exactly the sorted definition's."""
+    logits = torch.randn(3, 20_000, generator=torch.Generator().manual_seed(5)) * spread
+    probs = torch.softmax(logits, dim=-1)
+    got = nucleus_mask(probs, torch.full((3, 1), top_p))
+    for row in range(3):
+        assert torch.equal(got[row], sorted_nucleus(probs[row], top_p))
+
+
+def test_the_binned_nucleus_with_tied_probabilities_keeps_as_many_as_a_sort() -> None:
+    """bf16 logits tie often; which of equal tokens stays is arbitrary in both, how many
+    (and so the mass) is not."""
+    logits = (torch.randn(2, 5_000, generator=torch.Generator().manual_seed(9)) * 0.5).bfloat16()
+    probs = torch.softmax(logits.float(), dim=-1)
+    got = nucleus_mask(probs, torch.full((2, 1), 0.7))
+    for row in range(2):
+        want = sorted_nucleus(probs[row], 0.7)
+        assert int(got[row].sum()) == int(want.sum())
+        assert float(probs[row][got[row]].sum()) == pytest.approx(float(probs[row][want].sum()))
 
 
 @pytest.mark.parametrize("cap_offset", [-3, -1, 0, 1], ids=["cap<<n", "cap=n-1", "cap=n", "cap>n"])
