@@ -1,8 +1,9 @@
 """SchedulerRouter: which scheduler replica gets the next request.
 
 Scheduler replicas are data-parallel engines. The router polls each one's
-GetInfo (waiting + running) and adds the requests this frontend dispatched
-since, so a burst spreads out before the next poll. The same polls tell which
+GetInfo (waiting + running) and adds the requests this frontend dispatched since
+that poll was sent, so a burst spreads out before the next poll; requests the
+poll already counted are not counted again. The same polls tell which
 dtype the replicas run the model in, for the model card. A replica that fails a
 poll or refuses with UNAVAILABLE is skipped until it answers again, and the
 ``on_down`` callback lets the owner fail the requests it holds right away.
@@ -34,7 +35,8 @@ class SchedulerRouter:
         self._on_down = on_down
         self._poll_interval = poll_interval
         self._polled_load = dict.fromkeys(stubs, 0)
-        self._inflight = dict.fromkeys(stubs, 0)
+        self._num_dispatched = dict.fromkeys(stubs, 0)  # ever, by this frontend
+        self._num_dispatched_at_poll = dict.fromkeys(stubs, 0)  # when the last answer was asked
         self._down_until = dict.fromkeys(stubs, 0.0)
         self._dtypes: dict[str, str] = {}  # per replica, from its last answer
         self._turn = 0
@@ -49,7 +51,9 @@ class SchedulerRouter:
             await asyncio.gather(self._task, return_exceptions=True)
 
     def load(self, addr: str) -> int:
-        return self._polled_load[addr] + self._inflight[addr]
+        """The replica's last polled load plus what this frontend sent it since."""
+        unseen = self._num_dispatched[addr] - self._num_dispatched_at_poll[addr]
+        return self._polled_load[addr] + max(0, unseen)
 
     def is_up(self, addr: str) -> bool:
         return time.monotonic() >= self._down_until[addr]
@@ -63,10 +67,11 @@ class SchedulerRouter:
         return min(rotated, key=self.load)
 
     def dispatched(self, addr: str) -> None:
-        self._inflight[addr] += 1
+        self._num_dispatched[addr] += 1
 
-    def released(self, addr: str) -> None:
-        self._inflight[addr] = max(0, self._inflight[addr] - 1)
+    def refused(self, addr: str) -> None:
+        """A dispatch the replica turned away: it never held the request."""
+        self._num_dispatched[addr] -= 1
 
     def mark_down(self, addr: str, *, lost: bool = True) -> None:
         """Route around ``addr`` for a while; ``lost`` (it stopped answering at all)
@@ -82,18 +87,22 @@ class SchedulerRouter:
         """The dtype the replicas reported, comma-joined when they differ ("" while none
         answers). Before the first answer it polls them now rather than wait for the loop."""
         if not self._dtypes:
-            await self._poll_all()
+            await self.refresh()
         return ",".join(sorted(set(self._dtypes.values())))
+
+    async def refresh(self) -> None:
+        """Poll every replica once now (the loop does so every ``poll_interval``)."""
+        await asyncio.gather(*(self._poll(addr) for addr in self._stubs))
 
     async def _poll_forever(self) -> None:
         while True:
-            await self._poll_all()
+            await self.refresh()
             await asyncio.sleep(self._poll_interval)
 
-    async def _poll_all(self) -> None:
-        await asyncio.gather(*(self._poll(addr) for addr in self._stubs))
-
     async def _poll(self, addr: str) -> None:
+        # Sent before the request: what this frontend dispatched after it may be missing
+        # from the answer, so it stays counted on top.
+        dispatched_before = self._num_dispatched[addr]
         try:
             info = await self._stubs[addr].GetInfo(scheduler_pb2.ServerInfoRequest(), timeout=2)
         except grpc.aio.AioRpcError as exc:
@@ -101,6 +110,7 @@ class SchedulerRouter:
                 self.mark_down(addr)  # gone, or too wedged to answer: route around it
             return
         self._polled_load[addr] = info.num_waiting + info.num_running
+        self._num_dispatched_at_poll[addr] = dispatched_before
         if info.dtype:
             self._dtypes[addr] = info.dtype
         self._down_until[addr] = 0.0

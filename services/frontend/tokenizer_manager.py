@@ -198,7 +198,7 @@ class TokenizerManager:
             await asyncio.shield(state.dispatch_call)
         except grpc.aio.AioRpcError:
             state.dispatched = False  # refused: nothing to abort (and the rid may be another's)
-            self.router.released(addr)
+            self.router.refused(addr)
             raise
         state.advance("dispatched")
 
@@ -206,8 +206,6 @@ class TokenizerManager:
         """Remove local state now; abort what a scheduler may still run, in the background."""
         for state in states:
             self.table.remove(state)
-            if state.dispatched:
-                self.router.released(state.scheduler)
         if any(s.dispatched and not s.is_finished_by_scheduler for s in states):
             # A task of its own: this runs while the client's call is being cancelled.
             task = asyncio.create_task(self._abort_unfinished(states))

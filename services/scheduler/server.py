@@ -48,8 +48,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def GetInfo(self, request, context):  # noqa: N802
         self._check_alive()
         stats = self.engine.stats
+        # Waiting counts every accepted request not yet running, those still on their way
+        # into the next step included: routers read it right after dispatching.
+        num_waiting = max(stats.num_waiting, len(self.engine.live) - stats.num_running)
         return scheduler_pb2.SchedulerInfo(
-            num_waiting=stats.num_waiting,
+            num_waiting=num_waiting,
             num_running=stats.num_running,
             num_free_kv_tokens=stats.num_free_kv_tokens,
             num_total_kv_tokens=stats.num_total_kv_tokens,

@@ -1,4 +1,7 @@
-"""SchedulerRouter's view of the replicas' dtype, from their real GetInfo answers."""
+"""SchedulerRouter's view of the replicas (load, dtype) from GetInfo answers over real gRPC.
+
+The schedulers here are fakes that answer GetInfo only: this is a unit test of the
+router, the layer above them."""
 
 from __future__ import annotations
 
@@ -9,11 +12,50 @@ from services.frontend.router import SchedulerRouter
 
 
 class InfoOnlyScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
-    def __init__(self, dtype: str) -> None:
+    def __init__(self, dtype: str, num_running: int = 0) -> None:
         self.dtype = dtype
+        self.num_running = num_running
 
     async def GetInfo(self, request, context):  # noqa: N802
-        return scheduler_pb2.SchedulerInfo(model="m", dtype=self.dtype)
+        info = scheduler_pb2.SchedulerInfo(model="m", dtype=self.dtype)
+        info.num_running = self.num_running
+        return info
+
+
+async def test_load_counts_a_dispatched_request_once_before_and_after_a_poll_sees_it() -> None:
+    fakes = [InfoOnlyScheduler("float32"), InfoOnlyScheduler("float32")]
+    servers, channels, stubs = [], [], {}
+    for fake in fakes:
+        server = grpc.aio.server()
+        scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(fake, server)
+        addr = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        await server.start()
+        channel = grpc.aio.insecure_channel(addr)
+        servers.append(server)
+        channels.append(channel)
+        stubs[addr] = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+    a, b = stubs
+    router = SchedulerRouter(stubs)  # not started: polls happen only on refresh()
+    try:
+        await router.refresh()
+        for _ in range(3):
+            router.dispatched(a)
+        assert (router.load(a), router.load(b)) == (3, 0)  # before any poll sees them
+        assert router.pick() == b
+        fakes[0].num_running = 3  # the replica now holds the three
+        await router.refresh()
+        assert router.load(a) == 3  # counted once, not polled + dispatched
+        router.dispatched(b)
+        router.refused(b)  # turned away: it never held it
+        assert router.load(b) == 0
+        fakes[0].num_running = 0  # they finished
+        await router.refresh()
+        assert router.load(a) == 0
+    finally:
+        for channel in channels:
+            await channel.close()
+        for server in servers:
+            await server.stop(None)
 
 
 async def test_served_dtype_asks_replicas_before_the_first_poll_and_joins_differences() -> None:
