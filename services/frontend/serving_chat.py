@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from dataclasses import dataclass
 
 from tokenline.v1 import common_pb2, openai_pb2
@@ -94,10 +93,10 @@ class ChatServing(ServingBase):
         # vLLM's rule: per-chunk usage only when usage was asked for at all.
         continuous = include_usage and request.stream_options.continuous_usage_stats
         num_prompt = len(prep.reqs[0].input_ids)
-        yield chunks.role_chunk(len(prep.reqs))
         usages: list[common_pb2.Usage] = []
         num_out = [0] * len(prep.reqs)
-        async with aclosing(self.manager.generate(prep.reqs)) as rows:
+        async with self.manager.open(prep.reqs) as rows:
+            yield chunks.role_chunk(len(prep.reqs))  # only once every choice is accepted
             async for index, row in rows:
                 num_out[index] += len(row.output_ids)
                 usage = self.running_usage(num_prompt, num_out) if continuous else None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing
 from dataclasses import dataclass
 
 from tokenline.v1 import openai_pb2
@@ -98,13 +97,13 @@ class CompletionServing(ServingBase):
         make = _chunk_maker(prep.rid, self.model_name, int(time.time()))
         include_usage = request.stream_options.include_usage
         continuous = include_usage and request.stream_options.continuous_usage_stats
-        if request.echo:
-            head = make()
-            for i in range(len(prep.reqs)):
-                head.choices.add(index=i, text=prep.prompts[i // prep.n])
-            yield head
         accs = [ChoiceAccumulator() for _ in prep.reqs]
-        async with aclosing(self.manager.generate(prep.reqs)) as rows:
+        async with self.manager.open(prep.reqs) as rows:
+            if request.echo:  # only once every choice is accepted
+                head = make()
+                for i in range(len(prep.reqs)):
+                    head.choices.add(index=i, text=prep.prompts[i // prep.n])
+                yield head
             async for index, row in rows:
                 accs[index].add(row)
                 if not (row.text or row.HasField("finish_reason") or row.logprobs):

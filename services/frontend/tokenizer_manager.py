@@ -9,6 +9,7 @@ scheduler may still hold the request, sends exactly one AbortReq.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -124,15 +125,18 @@ class TokenizerManager:
 
     # ---- one client request ----------------------------------------------------
 
-    async def generate(
+    @contextlib.asynccontextmanager
+    async def open(
         self, requests: list[TokenizedRequest]
-    ) -> AsyncIterator[tuple[int, detokenizer_pb2.StrRow]]:
-        """Dispatch every choice, then yield (index, row) until all have finished.
+    ) -> AsyncIterator[AsyncIterator[tuple[int, detokenizer_pb2.StrRow]]]:
+        """Dispatch every choice, then hand out their (index, row) stream.
 
-        A row carries everything its choice produced since the previous one, so
-        a slow consumer gets fewer, larger rows. Raises RequestAbortedError when
-        a choice was aborted. Closing the generator early (client cancel) aborts
-        the choices still running.
+        A refusal (duplicate rid, overload, invalid, no scheduler) raises here, before
+        the caller has sent anything, so a streaming client gets a real status instead
+        of a 200 and an error frame. A row carries everything its choice produced since
+        the previous one, so a slow consumer gets fewer, larger rows. The stream raises
+        RequestAbortedError when a choice was aborted; leaving the context early
+        (client cancel) aborts the choices still running.
         """
         if not self.subscribed.is_set():
             raise UnavailableError("frontend is not connected to the detokenizer yet")
@@ -142,20 +146,34 @@ class TokenizerManager:
         try:
             for state, req in zip(states, requests, strict=True):
                 await self._dispatch(state, req)
-            remaining = len(states)
-            while remaining:
-                for index in await _drain(sink):
-                    state = states[index]
-                    row = state.take()
-                    if state.error is not None:
-                        error = UnavailableError if state.error_unavailable else RequestAbortedError
-                        raise error(state.error)
-                    if row.HasField("finish_reason"):
-                        remaining -= 1
-                        self._finished(row)
-                    yield index, row
+            yield self._rows(states, sink)
         finally:
             self._release(states)
+
+    async def generate(
+        self, requests: list[TokenizedRequest]
+    ) -> AsyncIterator[tuple[int, detokenizer_pb2.StrRow]]:
+        """``open`` as one generator, for callers that send nothing before the first row."""
+        async with self.open(requests) as rows:
+            async for item in rows:
+                yield item
+
+    async def _rows(
+        self, states: list[ReqState], sink: asyncio.Queue[int]
+    ) -> AsyncIterator[tuple[int, detokenizer_pb2.StrRow]]:
+        """(index, row) until every choice has finished."""
+        remaining = len(states)
+        while remaining:
+            for index in await _drain(sink):
+                state = states[index]
+                row = state.take()
+                if state.error is not None:
+                    error = UnavailableError if state.error_unavailable else RequestAbortedError
+                    raise error(state.error)
+                if row.HasField("finish_reason"):
+                    remaining -= 1
+                    self._finished(row)
+                yield index, row
 
     def _finished(self, row: detokenizer_pb2.StrRow) -> None:
         if self._on_finished is not None:

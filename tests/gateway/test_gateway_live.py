@@ -360,6 +360,30 @@ def test_stream_disconnect_frees_the_scheduler_within_2s(
     assert seconds_until_idle(stack, limit_s=2.0) < 2.0
 
 
+@pytest.mark.parametrize(
+    "path, fields",
+    [("chat/completions", {"messages": USER}), ("completions", {"prompt": PROMPT, "echo": True})],
+    ids=["chat", "completions-echo"],
+)
+def test_a_refused_stream_gets_its_status_before_any_sse_byte(
+    stack: LocalStack, root: str, model_id: str, path: str, fields: dict[str, Any]
+) -> None:
+    """The role chunk (chat) and the echoed prompt (completions) wait until every choice
+    is accepted, so a refusal is an HTTP status, not a 200 followed by an error frame."""
+    body = {"model": model_id, "stream": True, **fields, **LONG}
+    headers = {"X-Request-Id": "dup-stream-" + path.replace("/", "-")}
+    url = f"{root}/v1/{path}"
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", url, json=body, headers=headers) as first:
+            assert first.status_code == 200
+            assert next(line for line in first.iter_lines() if line.startswith("data: "))
+            second = http.post(url, json=body, headers=headers)  # the same id, in flight
+            assert second.status_code == 409
+            assert second.headers["content-type"].startswith("application/json")
+            assert "already in flight" in second.json()["error"]["message"]
+        assert seconds_until_idle(stack, limit_s=2.0) < 2.0
+
+
 async def test_unary_disconnect_frees_the_scheduler_within_2s(
     stack: LocalStack, root: str, model_id: str
 ) -> None:
