@@ -122,8 +122,15 @@ def _validation_error(exc: RequestValidationError) -> GatewayError:
     )
 
 
+# Seconds a client should wait before retrying an overloaded (429) or unavailable (503)
+# service; the OpenAI SDKs honour Retry-After in their own retries.
+RETRY_AFTER_S = 1
+_RETRYABLE_STATUSES = frozenset({429, 503})
+
+
 def json_error(err: GatewayError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if err.status in _RETRYABLE_STATUSES else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -60,6 +60,8 @@ def test_grpc_status_maps_to_http(
         "param": None,
         "code": code.name.lower(),
     }
+    # Overload and unavailability tell the client when to retry; other errors do not.
+    assert resp.headers.get("retry-after") == ("1" if status in (429, 503) else None)
 
 
 def test_frontend_field_prefix_becomes_param(gateway_url: str, fake: FakeFrontendServicer) -> None:
