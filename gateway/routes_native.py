@@ -1,12 +1,13 @@
-"""Native and operational routes: /generate, tokenize, health and metrics."""
+"""Native and operational routes: /generate, tokenize, health (shallow and deep) and metrics."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import grpc
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
-from tokenline.v1 import frontend_pb2
+from tokenline.v1 import common_pb2, frontend_pb2, generate_pb2
 
 from gateway.client import FrontendClient, until_disconnected
 from gateway.convert import detokenize_request_to_proto, generate_request_to_proto
@@ -24,6 +25,7 @@ from gateway.schemas import DetokenizeBody, GenerateBody, TokenizeBody
 from gateway.sse import stream_response
 
 router = APIRouter()
+HEALTH_GENERATE_TIMEOUT_S = 10.0
 
 
 @router.post(
@@ -100,6 +102,34 @@ async def health(request: Request) -> Response:
     return JSONResponse(
         error_body(503, "frontend is not ready", code="unavailable"), status_code=503
     )
+
+
+@router.get(
+    "/health_generate",
+    tags=["ops"],
+    response_model=None,
+    responses={
+        200: {"model": HealthResponse, "description": "One token came back"},
+        **error_responses((503,)),
+    },
+)
+async def health_generate(request: Request) -> Response:
+    """SGLang's deep check: one greedy token through frontend, scheduler and detokenizer.
+
+    200 when it comes back within the deadline, else 503 naming what failed."""
+    client: FrontendClient = request.state.frontend
+    proto = generate_pb2.GenerateReqInput(
+        text=["ping"],
+        sampling_params=common_pb2.SamplingParams(temperature=0.0, max_new_tokens=1),
+    )
+    options = client.options(request.state.request_id) | {"timeout": HEALTH_GENERATE_TIMEOUT_S}
+    call = client.stub.Generate(proto, **options)
+    try:
+        await until_disconnected(request, call, call)
+    except grpc.aio.AioRpcError as exc:
+        message = f"one-token generation failed: {exc.code().name}"
+        return JSONResponse(error_body(503, message, code="unavailable"), status_code=503)
+    return JSONResponse({"status": "ok"})
 
 
 @router.get(

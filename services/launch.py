@@ -136,11 +136,27 @@ class LocalStack:
             self.stop()
             raise
 
-    def _output(self, name: str) -> dict:
+    def kill(self, name: str) -> None:
+        """SIGKILL one service we started, as a crash would end it; ``restart`` revives it."""
+        proc = self.procs[name]
+        proc.kill()
+        proc.wait()
+
+    def restart(self, name: str, timeout: float = 60.0) -> None:
+        """Start one service again on its own ports and wait until it is ready."""
+        output = self._output(name, mode="ab")  # keep what the crashed one wrote
+        self.procs[name] = subprocess.Popen(self.commands()[name], **output)
+        deadline = time.monotonic() + timeout
+        if name == "gateway":
+            self._wait_http_ready(deadline)
+        else:
+            self._wait_grpc_ready(name, deadline)
+
+    def _output(self, name: str, mode: str = "wb") -> dict:
         if self.log_dir is None:
             return {}
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        return {"stdout": open(self.log_dir / f"{name}.log", "wb"), "stderr": subprocess.STDOUT}
+        return {"stdout": open(self.log_dir / f"{name}.log", mode), "stderr": subprocess.STDOUT}
 
     def _check_alive(self, name: str) -> None:
         proc = self.procs[name]

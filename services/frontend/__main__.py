@@ -178,6 +178,27 @@ def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> 
     )
 
 
+READINESS_INTERVAL_S = 0.2
+
+
+async def track_readiness(process: GrpcProcess, manager: TokenizerManager, name: str) -> None:
+    """Readiness says SERVING exactly while a request could complete: the detokenizer
+    stream is up and a scheduler answers. Checked every 0.2 s; the router polls the
+    schedulers every 0.25 s, so a lost service shows within about half a second."""
+    ready = False
+    while True:
+        if manager.can_serve != ready:
+            ready = manager.can_serve
+            await process.set_ready(ready)
+            logger.log(
+                logging.INFO if ready else logging.WARNING,
+                "frontend %s %s",
+                name,
+                "ready" if ready else "not ready: lost the detokenizer or every scheduler",
+            )
+        await asyncio.sleep(READINESS_INTERVAL_S)
+
+
 async def serve(config: FrontendConfig) -> None:
     ctx = create_serving_context(config, FrontendMetrics())
     manager = ctx.manager
@@ -194,12 +215,7 @@ async def serve(config: FrontendConfig) -> None:
     await process.start()
     manager.start()
 
-    async def mark_ready_when_subscribed() -> None:
-        await manager.subscribed.wait()
-        await process.set_ready(True)
-        logger.info("frontend %s ready", frontend_id)
-
-    ready_task = asyncio.create_task(mark_ready_when_subscribed())
+    ready_task = asyncio.create_task(track_readiness(process, manager, frontend_id))
     await process.serve_until_signal(config.drain_timeout)
     ready_task.cancel()
     await manager.close()

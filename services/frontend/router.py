@@ -38,6 +38,7 @@ class SchedulerRouter:
         self._num_dispatched = dict.fromkeys(stubs, 0)  # ever, by this frontend
         self._num_dispatched_at_poll = dict.fromkeys(stubs, 0)  # when the last answer was asked
         self._down_until = dict.fromkeys(stubs, 0.0)
+        self._answered = dict.fromkeys(stubs, False)  # did its last poll get an answer
         self._dtypes: dict[str, str] = {}  # per replica, from its last answer
         self._turn = 0
         self._task: asyncio.Task | None = None
@@ -57,6 +58,11 @@ class SchedulerRouter:
 
     def is_up(self, addr: str) -> bool:
         return time.monotonic() >= self._down_until[addr]
+
+    def any_answering(self) -> bool:
+        """Whether some replica answered its latest poll: readiness needs one that can run
+        a request, not one that merely has not been tried for a while."""
+        return any(self._answered.values())
 
     def pick(self, exclude: str = "") -> str:
         """The least-loaded replica that is up (any replica if none is); ties rotate."""
@@ -106,9 +112,12 @@ class SchedulerRouter:
         try:
             info = await self._stubs[addr].GetInfo(scheduler_pb2.ServerInfoRequest(), timeout=2)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            is_gone = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            self._answered[addr] = not is_gone  # any other status is still an answer
+            if is_gone:
                 self.mark_down(addr)  # gone, or too wedged to answer: route around it
             return
+        self._answered[addr] = True
         self._polled_load[addr] = info.num_waiting + info.num_running
         self._num_dispatched_at_poll[addr] = dispatched_before
         if info.dtype:

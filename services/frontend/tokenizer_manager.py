@@ -105,6 +105,12 @@ class TokenizerManager:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
 
+    @property
+    def can_serve(self) -> bool:
+        """A request could complete now: the detokenizer stream is up and some scheduler
+        answered its latest poll."""
+        return self.subscribed.is_set() and self.router.any_answering()
+
     def _route(self, batch: detokenizer_pb2.BatchStrOutput) -> None:
         for row in batch.rows:
             state = self.table.get(row.rid)
