@@ -5,6 +5,9 @@ router, the layer above them."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import grpc
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -22,21 +25,34 @@ class InfoOnlyScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
         return info
 
 
+@contextlib.asynccontextmanager
+async def serving(
+    fakes: list[InfoOnlyScheduler],
+) -> AsyncIterator[dict[str, scheduler_pb2_grpc.SchedulerServiceStub]]:
+    """Each fake on its own real grpc.aio server; stubs by address, in order."""
+    servers, channels, stubs = [], [], {}
+    try:
+        for fake in fakes:
+            server = grpc.aio.server()
+            scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(fake, server)
+            addr = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+            await server.start()
+            servers.append(server)
+            channels.append(grpc.aio.insecure_channel(addr))
+            stubs[addr] = scheduler_pb2_grpc.SchedulerServiceStub(channels[-1])
+        yield stubs
+    finally:
+        for channel in channels:
+            await channel.close()
+        for server in servers:
+            await server.stop(None)
+
+
 async def test_load_counts_a_dispatched_request_once_before_and_after_a_poll_sees_it() -> None:
     fakes = [InfoOnlyScheduler("float32"), InfoOnlyScheduler("float32")]
-    servers, channels, stubs = [], [], {}
-    for fake in fakes:
-        server = grpc.aio.server()
-        scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(fake, server)
-        addr = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-        await server.start()
-        channel = grpc.aio.insecure_channel(addr)
-        servers.append(server)
-        channels.append(channel)
-        stubs[addr] = scheduler_pb2_grpc.SchedulerServiceStub(channel)
-    a, b = stubs
-    router = SchedulerRouter(stubs)  # not started: polls happen only on refresh()
-    try:
+    async with serving(fakes) as stubs:
+        a, b = stubs
+        router = SchedulerRouter(stubs)  # not started: polls happen only on refresh()
         await router.refresh()
         for _ in range(3):
             router.dispatched(a)
@@ -51,32 +67,13 @@ async def test_load_counts_a_dispatched_request_once_before_and_after_a_poll_see
         fakes[0].num_running = 0  # they finished
         await router.refresh()
         assert router.load(a) == 0
-    finally:
-        for channel in channels:
-            await channel.close()
-        for server in servers:
-            await server.stop(None)
 
 
 async def test_served_dtype_asks_replicas_before_the_first_poll_and_joins_differences() -> None:
-    servers, channels, stubs = [], [], {}
-    for dtype in ("float32", "bfloat16", "bfloat16"):
-        server = grpc.aio.server()
-        scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(InfoOnlyScheduler(dtype), server)
-        addr = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-        await server.start()
-        channel = grpc.aio.insecure_channel(addr)
-        servers.append(server)
-        channels.append(channel)
-        stubs[addr] = scheduler_pb2_grpc.SchedulerServiceStub(channel)
-    router = SchedulerRouter(stubs)  # not started: no polling loop
-    try:
+    fakes = [InfoOnlyScheduler(dtype) for dtype in ("float32", "bfloat16", "bfloat16")]
+    async with serving(fakes) as stubs:
+        router = SchedulerRouter(stubs)  # not started: no polling loop
         assert await router.served_dtype() == "bfloat16,float32"
-    finally:
-        for channel in channels:
-            await channel.close()
-        for server in servers:
-            await server.stop(None)
 
 
 async def test_served_dtype_is_empty_while_no_replica_answers() -> None:

@@ -1,26 +1,16 @@
 """Health tells the truth: the gateway's /health follows the frontend's readiness, which
 is SERVING exactly while a request could complete (detokenizer stream up, a scheduler
-answering). Services are killed with SIGKILL by PID, as a crash would end them."""
+answering). Services are killed with SIGKILL by PID, as a crash would end them, on the
+module's own stack (``stack``, tests/conftest.py)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
 from services.launch import LocalStack
-from tests.live_stack import running_stack
-
-
-@pytest.fixture(scope="module")
-def stack(
-    default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalStack]:
-    with running_stack(default_model_dir, tmp_path_factory.mktemp("health-logs")) as stack:
-        yield stack
 
 
 def health_status(stack: LocalStack) -> int:
