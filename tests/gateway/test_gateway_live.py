@@ -376,7 +376,8 @@ def test_a_refused_stream_gets_its_status_before_any_sse_byte(
     with httpx.Client(timeout=60) as http:
         with http.stream("POST", url, json=body, headers=headers) as first:
             assert first.status_code == 200
-            assert next(line for line in first.iter_lines() if line.startswith("data: "))
+            lines = first.iter_lines()  # held: dropping it would close the stream (a cancel)
+            assert next(lines).startswith("data: ")
             second = http.post(url, json=body, headers=headers)  # the same id, in flight
             assert second.status_code == 409
             assert second.headers["content-type"].startswith("application/json")

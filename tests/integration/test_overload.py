@@ -38,10 +38,12 @@ def test_a_full_scheduler_gives_429_with_retry_after_and_serves_again(stack: Loc
         "ignore_eos": True,
     }
     with httpx.Client(timeout=60) as http, ExitStack() as streams:
+        readers = []  # held open: a dropped line iterator closes its connection (a cancel)
         for _ in range(MAX_WAITING):  # fill the scheduler with streams that are running
             resp = streams.enter_context(http.stream("POST", url, json=body))
             assert resp.status_code == 200
-            assert next(line for line in resp.iter_lines() if line.startswith("data: "))
+            readers.append(resp.iter_lines())
+            assert next(readers[-1]).startswith("data: ")
         refused = http.post(url, json=body)
         assert refused.status_code == 429
         assert refused.headers["retry-after"] == "1"
