@@ -100,6 +100,12 @@ class LiveRids:
             self._aborting[rid] = True
             return True
 
+    def unmark_aborting(self, rid: str) -> None:
+        """The abort could not be queued: a later one may try again."""
+        with self._lock:
+            if rid in self._aborting:
+                self._aborting[rid] = False
+
     def release(self, rid: str) -> None:
         with self._lock:
             self._aborting.pop(rid, None)
@@ -162,7 +168,11 @@ class EngineThread:
         """Ask the engine to end ``rid``; False when it is unknown or already being aborted."""
         if not self.live.mark_aborting(rid):
             return False
-        self._submit(AbortCommand(rid, reason))
+        try:
+            self._submit(AbortCommand(rid, reason))
+        except ResourceExhaustedError:
+            self.live.unmark_aborting(rid)
+            raise
         return True
 
     def abort_started(self, reason: str) -> None:

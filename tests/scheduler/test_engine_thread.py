@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
+import time
 import typing
 from pathlib import Path
 
@@ -104,6 +105,25 @@ def test_a_full_scheduler_refuses_at_once_and_frees_the_slot_when_a_request_ends
         assert sink.finals({"c"})["c"].finish.kind == "length"
     finally:
         sink.gate.set()
+        engine.stop()
+
+
+def test_an_abort_refused_for_a_full_inbox_can_be_sent_again(default_model_dir: Path) -> None:
+    sink = GatedSink()
+    sink.gate.set()
+    engine = EngineThread(make_scheduler(default_model_dir), sink, inbox_size=1)  # not started
+    try:
+        engine.add_request(make_req("a", PROMPT, max_new_tokens=500))  # fills the inbox
+        with pytest.raises(ResourceExhaustedError):
+            engine.abort("a", "client left")
+        engine.start()
+        deadline = time.monotonic() + 30
+        while not engine.inbox.empty():  # the engine takes "a" out of the one-slot inbox
+            assert time.monotonic() < deadline, "the engine never drained its inbox"
+            time.sleep(0.01)
+        assert engine.abort("a", "client left")  # not stuck as "already aborting"
+        assert sink.finals({"a"})["a"].finish.kind == "abort"
+    finally:
         engine.stop()
 
 
