@@ -6,8 +6,9 @@ either argmax (greedy) or a draw from temperature / top-k / top-p / min-p.
 
 Draws are inverse-CDF with one uniform per row, so their cost is a cumulative sum,
 not a random number per vocabulary entry. Rows with top-k or top-p work on their
-``torch.topk`` candidates instead of sorting the vocabulary; only a top-p row whose
-nucleus is wider than its candidates pays for a full sort.
+``torch.topk`` candidates instead of sorting the vocabulary; a top-p row whose nucleus
+is wider than its candidates finds the nucleus's edge with log-probability bins
+(``nucleus_mask``), still without a full sort.
 """
 
 from __future__ import annotations
@@ -203,11 +204,15 @@ def _rows(tensor: torch.Tensor, rows: list[int]) -> torch.Tensor:
     return tensor[_ids(rows, tensor.device)]
 
 
-def _over_temperature(values: torch.Tensor, temperatures: list[float]) -> torch.Tensor:
-    """Each row of ``values`` divided by its temperature; no pass when all of them are 1."""
+def _over_temperature(
+    values: torch.Tensor, temperatures: list[float], *, in_place: bool = False
+) -> torch.Tensor:
+    """Each row of ``values`` divided by its temperature; no pass when all of them are 1.
+    ``in_place`` edits ``values`` (a tensor the caller owns) instead of allocating."""
     if all(t == 1.0 for t in temperatures):
         return values
-    return values / torch.tensor(temperatures, device=values.device).unsqueeze(1)
+    column = torch.tensor(temperatures, device=values.device).unsqueeze(1)
+    return values.div_(column) if in_place else values / column
 
 
 def _row_values(
@@ -225,10 +230,8 @@ def _dense_candidates(logits: torch.Tensor, reqs: Sequence[Req], rows: list[int]
     it is computed in place on ``logits`` (consumed) so no [B, V] buffer is allocated. The
     largest weight is exactly 1, so min-p (``p < min_p * p_max``) is ``w < min_p``.
     """
-    values = _rows(logits, rows)
     temperatures = [reqs[i].params.temperature for i in rows]
-    if any(t != 1.0 for t in temperatures):
-        values.div_(torch.tensor(temperatures, device=values.device).unsqueeze(1))
+    values = _over_temperature(_rows(logits, rows), temperatures, in_place=True)
     values.sub_(values.amax(dim=-1, keepdim=True)).exp_()
     if any(reqs[i].params.min_p > 0.0 for i in rows):
         values.masked_fill_(values < _row_values(reqs, rows, "min_p", values.device), 0.0)
