@@ -23,7 +23,12 @@ sent twice or taken back. Two engines, chosen per tokenizer (text_decoder.py):
 
 The prompt tail that seeds the window is first cut back to a point whose text is
 final (no open run, no trailing U+FFFD), so no prompt character can change and
-none is ever counted as output. The byte engine needs no context at all.
+none is ever counted as output. When that cut leaves no visible token although
+the tail had one (a tail that is all one byte run: CJK or emoji text on a
+byte-fallback vocabulary), the decoder's stand-in word piece is the context
+instead; with none, the output would decode as the start of the text, and
+SentencePiece decoders strip a leading space there. The byte engine needs no
+context at all.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ class DecodeStatus:
             # Bytes then lossy UTF-8: a closed context leaves nothing to carry over.
             context, fields["undecoded"] = [], b""
         else:
-            context = final_context(prompt_tail, decoder, flags)
+            context = window_context(prompt_tail, decoder, flags)
         surr = last_visible(context, 0, len(context), decoder, flags)
         return cls(
             ids=context,
@@ -156,6 +161,21 @@ class DecodeStatus:
         cut = cleanup.safe_cut(raw)
         self.pending += cleanup.apply(raw[:cut])
         self.raw_tail = raw[cut:]
+
+
+def window_context(prompt_tail: list[int], decoder: TextDecoder, flags: DecodeFlags) -> list[int]:
+    """The prompt ids that seed the window: ``final_context``, or the stand-in when that
+    shows no token although the tail does (the output does not start the text)."""
+    context = final_context(prompt_tail, decoder, flags)
+    if decoder.stand_in_id is None or _has_visible(context, decoder, flags):
+        return context
+    if not _has_visible(prompt_tail, decoder, flags):
+        return context  # the output really is the start of the (tail's) text
+    return [*context, decoder.stand_in_id]
+
+
+def _has_visible(ids: list[int], decoder: TextDecoder, flags: DecodeFlags) -> bool:
+    return last_visible(ids, 0, len(ids), decoder, flags) is not None
 
 
 def final_context(prompt_tail: list[int], decoder: TextDecoder, flags: DecodeFlags) -> list[int]:

@@ -17,7 +17,9 @@ call. The stability answers come from facts about the decoder read once at start
 
 Everything else a decoder does (ByteLevel's lossy UTF-8, Metaspace and
 WordPiece first-token rules, Strip of a leading space) depends on at most the
-one token to the left, which the incremental windows always include.
+one token to the left, which the incremental windows always include. Where the
+prompt's real left neighbour has to be dropped, a stand-in word piece takes its
+place, so the output is never decoded as the start of the text.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from services.detokenizer.cleanup import Cleanup, create_cleanup
 logger = logging.getLogger(__name__)
 
 _BYTE_PIECE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
+_STAND_IN_BATCH = 256  # single-token decodes per call while looking for a stand-in
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,8 @@ class TextDecoder:
         # ByteLevel tokenizers decode through a byte table (exact and fastest);
         # every other decoder through windows. False forces windows (tests, bench).
         self.token_bytes = self._byte_level_table() if use_byte_engine else None
+        # The window engine's left neighbour for output whose real one was dropped.
+        self.stand_in_id = self._stand_in_id() if self.token_bytes is None else None
         self._token_text: dict[DecodeFlags, dict[int, str]] = {}
         if self.backend is None:
             logger.warning(
@@ -148,6 +153,28 @@ class TextDecoder:
             except KeyError:
                 table[token_id] = piece.encode()
         return table
+
+    def _stand_in_id(self) -> int | None:
+        """A plain word piece (decodes alone to ASCII letters) to stand left of the output.
+
+        Not special, added or a byte piece, so it is visible under any flags, ends no
+        byte run and joins none; the first-token rules then see the output as not first.
+        Decoded through the tokenizer itself: an override of ``decode_batch`` (a spy, a
+        subclass) is not set up yet while ``__init__`` runs.
+        """
+        added = getattr(self.tokenizer, "added_tokens_decoder", {})
+        excluded = self.special_ids | self.byte_ids | frozenset(added)
+        candidates = [i for i in range(len(self.tokenizer)) if i not in excluded]
+        for start in range(0, len(candidates), _STAND_IN_BATCH):
+            batch = candidates[start : start + _STAND_IN_BATCH]
+            texts = self.tokenizer.batch_decode(
+                [[i] for i in batch], skip_special_tokens=True, clean_up_tokenization_spaces=False
+            )
+            for token_id, text in zip(batch, texts, strict=True):
+                if text.isascii() and text.isalpha():
+                    return token_id
+        logger.warning("no plain word piece in the vocabulary: no stand-in left context")
+        return None
 
     def _special_ids(self) -> frozenset[int]:
         if self.backend is not None:

@@ -96,6 +96,29 @@ def test_prompt_ending_mid_character_contributes_no_text(
     assert expected.startswith(REPLACEMENT) and "你" not in expected and "hello" not in expected
 
 
+@pytest.mark.parametrize(
+    ("output", "pieces"),
+    [
+        ([413, 51], ["▁", "<0x30>"]),  # the hypothesis example: "00000" then " 0"
+        ([35, 51], ["<0x20>", "<0x30>"]),  # a space that is itself a byte piece
+    ],
+)
+@pytest.mark.parametrize("cuts", [[], [1]])
+@pytest.mark.parametrize("skip", [False, True])
+def test_prompt_tail_of_one_byte_run_keeps_the_outputs_leading_space(
+    sentencepiece: Family, output: list[int], pieces: list[str], cuts: list[int], skip: bool
+) -> None:
+    """A prompt tail that is one open byte run is cut back to nothing; the output must
+    still decode as text that follows the prompt, not as the start of the text, where
+    the Llama decoder strips a leading space ("0" was sent instead of " 0")."""
+    family = sentencepiece
+    prompt = [51] * 5
+    assert family.tokenizer.convert_ids_to_tokens([*prompt, *output]) == ["<0x30>"] * 5 + pieces
+    deltas, _ = run(family, output, cuts, skip=skip, prompt_tail=prompt)
+    assert_deltas_build(deltas, family.decode(prompt + output, skip)[len("00000") :])
+    assert "".join(deltas) == " 0"
+
+
 @pytest.mark.parametrize("text", TORTURE)
 @settings(max_examples=20, deadline=None)
 @given(cuts=chunkings(max_cuts=40), skip=st.booleans())
