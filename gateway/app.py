@@ -23,8 +23,8 @@ ChannelFactory = Callable[[GatewayConfig], grpc.aio.Channel]
 def create_app(config: GatewayConfig, channel_factory: ChannelFactory | None = None) -> FastAPI:
     """A gateway app; its one gRPC channel opens at startup and closes at shutdown.
 
-    `channel_factory` lets a caller supply the channel (tests, TLS); the default is
-    an insecure channel to `config.frontend_addr`.
+    `channel_factory` lets a caller supply the channel (tests); the default is a
+    channel to `config.frontend_addr`, TLS when `config.tls` turns it on.
     """
     make_channel = channel_factory or create_channel
     metrics = GatewayMetrics()

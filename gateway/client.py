@@ -19,6 +19,7 @@ from tokenline.v1 import frontend_pb2_grpc
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from services.common.grpc_server import READINESS_SERVICE
+from services.common.tls import open_channel
 
 T = TypeVar("T")
 
@@ -27,9 +28,10 @@ _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 def create_channel(config: GatewayConfig) -> grpc.aio.Channel:
-    """The default channel factory: one long-lived insecure channel to the frontend."""
-    return grpc.aio.insecure_channel(
+    """The default channel factory: one long-lived channel to the frontend (TLS per config)."""
+    return open_channel(
         config.frontend_addr,
+        config.tls,
         options=[
             ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),

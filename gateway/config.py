@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.common.envs import env_default
 from services.common.logs import add_logging_args
+from services.common.tls import TlsSettings, add_tls_flags, pop_tls_settings
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
@@ -29,6 +30,9 @@ class GatewayConfig:
     drain_timeout_s: float = 30.0
     log_level: str = "info"
     log_json: bool = False
+    # The channel to the frontend; --tls-cert/--tls-key are only its client identity here
+    # (the gateway's HTTP side is not TLS: terminate HTTPS in front of it).
+    tls: TlsSettings = field(default_factory=TlsSettings)
 
 
 def _non_negative_int(raw: str) -> int:
@@ -83,6 +87,7 @@ def create_parser() -> argparse.ArgumentParser:
         default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, _non_negative_float),
     )
     add_logging_args(p, default_level="info")
+    add_tls_flags(p)
     return p
 
 
@@ -99,4 +104,5 @@ def config_from_args(argv: Sequence[str] | None = None) -> GatewayConfig:
         drain_timeout_s=args.drain_timeout,
         log_level=args.log_level.lower(),
         log_json=args.log_json,
+        tls=pop_tls_settings(args),
     )

@@ -1,7 +1,8 @@
 """`tokenline healthcheck --addr HOST:PORT [--service NAME]`: a gRPC health probe.
 
 Exit 0 when the service reports SERVING, 1 otherwise. Used by docker-compose
-healthchecks; Kubernetes uses its native gRPC probe instead.
+healthchecks, and by Kubernetes exec probes when TLS is on (its native gRPC probe
+speaks plaintext only). Takes the services' ``--tls-*`` flags / ``TOKENLINE_TLS_*``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.grpc_server import READINESS_SERVICE
+from services.common.tls import add_tls_flags, open_sync_channel, pop_tls_settings
 
 
 def create_parser() -> argparse.ArgumentParser:
@@ -23,13 +25,15 @@ def create_parser() -> argparse.ArgumentParser:
         help='health service name ("" = liveness of the whole server)',
     )
     p.add_argument("--timeout", type=float, default=2.0)
+    add_tls_flags(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = create_parser().parse_args(argv)
+    tls = pop_tls_settings(args)
     try:
-        with grpc.insecure_channel(args.addr) as channel:
+        with open_sync_channel(args.addr, tls) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
             )

@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.envs import env_default
 from services.common.grpc_server import READINESS_SERVICE
+from services.common.tls import TlsSettings, add_tls_flags, open_sync_channel, pop_tls_settings
 
 
 def free_port() -> int:
@@ -57,7 +58,10 @@ class LocalStack:
     host: str = "127.0.0.1"
     scheduler_args: list[str] = field(default_factory=list)
     frontend_args: list[str] = field(default_factory=list)
+    detokenizer_args: list[str] = field(default_factory=list)
     gateway_args: list[str] = field(default_factory=list)
+    # TLS (and mTLS) on every gRPC hop, given to all four as --tls-* flags; None: plaintext.
+    tls: TlsSettings | None = None
     log_dir: Path | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -70,7 +74,8 @@ class LocalStack:
 
     def commands(self) -> dict[str, list[str]]:
         py = sys.executable
-        common = ["--model", self.model, "--host", self.host]
+        tls = self.tls.to_args() if self.tls is not None else []
+        common = ["--model", self.model, "--host", self.host, *tls]
         return {
             "detokenizer": [
                 py,
@@ -81,6 +86,7 @@ class LocalStack:
                 str(self.ports.detokenizer),
                 "--metrics-port",
                 str(self.ports.detokenizer_metrics),
+                *self.detokenizer_args,
             ],
             "scheduler": [
                 py,
@@ -120,18 +126,24 @@ class LocalStack:
                 str(self.ports.gateway),
                 "--frontend-addr",
                 self.addr("frontend"),
+                *tls,
                 *self.gateway_args,
             ],
         }
 
-    def start(self, timeout: float = 120.0) -> None:
+    def start(self, timeout: float = 120.0, only: tuple[str, ...] = ()) -> None:
+        """Start the four (or ``only`` those named: a second stack can add replicas that
+        share the first one's detokenizer) and wait until each is ready."""
+        names = only or tuple(self.commands())
         try:
-            for name, cmd in self.commands().items():
-                self.procs[name] = subprocess.Popen(cmd, **self._output(name))
+            for name in names:
+                self.procs[name] = subprocess.Popen(self.commands()[name], **self._output(name))
             deadline = time.monotonic() + timeout
             for name in ("detokenizer", "scheduler", "frontend"):
-                self._wait_grpc_ready(name, deadline)
-            self._wait_http_ready(deadline)
+                if name in names:
+                    self._wait_grpc_ready(name, deadline)
+            if "gateway" in names:
+                self._wait_http_ready(deadline)
         except BaseException:
             self.stop()
             raise
@@ -164,7 +176,7 @@ class LocalStack:
             raise RuntimeError(f"{name} exited with code {proc.returncode} during start-up")
 
     def _wait_grpc_ready(self, name: str, deadline: float) -> None:
-        with grpc.insecure_channel(self.addr(name)) as channel:
+        with open_sync_channel(self.addr(name), self.tls) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
                 self._check_alive(name)
@@ -221,6 +233,7 @@ def create_parser() -> argparse.ArgumentParser:
         metavar="F,S,D",
         help="Prometheus ports of frontend, scheduler and detokenizer",
     )
+    add_tls_flags(p)  # handed to all four services
     return p
 
 
@@ -228,11 +241,12 @@ def _metrics_ports(raw: str) -> tuple[int, int, int]:
     ports = tuple(int(p) for p in raw.split(","))
     if len(ports) != 3:
         raise ValueError("three comma-separated ports: frontend,scheduler,detokenizer")
-    return ports  # type: ignore[return-value]
+    return ports
 
 
 def main(argv: list[str] | None = None) -> None:
     args = create_parser().parse_args(argv)
+    tls = pop_tls_settings(args)
     frontend_metrics, scheduler_metrics, detokenizer_metrics = args.metrics_ports
     ports = StackPorts(
         gateway=args.gateway_port,
@@ -240,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
         scheduler_metrics=scheduler_metrics,
         detokenizer_metrics=detokenizer_metrics,
     )
-    stack = LocalStack(args.model, ports, host=args.host)
+    stack = LocalStack(args.model, ports, host=args.host, tls=tls if tls.is_enabled else None)
     print("starting detokenizer, scheduler, frontend and gateway ...", flush=True)
     stack.start()
     print(

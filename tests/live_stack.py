@@ -6,6 +6,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ def running_stack(
     model_dir: Path,
     log_dir: Path,
     request: pytest.FixtureRequest | None = None,
-    **stack_args: list[str],
+    **stack_args: Any,
 ) -> Iterator[LocalStack]:
     """Start the stack on free ports; stop it after. Logs are dumped when start-up
     fails, and (given ``request``) when a test failed while the stack was up."""

@@ -40,6 +40,15 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar(
             "TOKENLINE_REQUEST_TIMEOUT", "gateway per-request gRPC deadline in seconds (0: none)"
         ),
+        EnvVar("TOKENLINE_TLS_CERT", "PEM certificate a service serves (turns TLS on)"),
+        EnvVar("TOKENLINE_TLS_KEY", "PEM private key of TOKENLINE_TLS_CERT"),
+        EnvVar("TOKENLINE_TLS_CA", "PEM CA bundle verifying servers and, with mTLS, clients"),
+        EnvVar(
+            "TOKENLINE_TLS_CLIENT_AUTH", "none or require (mTLS: refuse clients without a cert)"
+        ),
+        EnvVar("TOKENLINE_TLS_CLIENT_CERT", "PEM client certificate (default: TOKENLINE_TLS_CERT)"),
+        EnvVar("TOKENLINE_TLS_CLIENT_KEY", "PEM private key of TOKENLINE_TLS_CLIENT_CERT"),
+        EnvVar("TOKENLINE_TLS_SERVER_NAME", "name servers' certificates are verified against"),
     )
 }
 

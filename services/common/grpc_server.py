@@ -14,11 +14,22 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from services.common.grpc_metrics import RpcMetrics, RpcMetricsInterceptor
+from services.common.tls import TlsSettings, add_port
 
 logger = logging.getLogger(__name__)
 
 # Readiness probes ask for this service name; liveness asks for "" (the server).
 READINESS_SERVICE = "tokenline.readiness"
+
+# A peer that vanishes without closing its connection (partition, frozen process)
+# is noticed within about three seconds: the server pings every second and drops a
+# connection whose ping goes unanswered for two, which cancels its RPCs (and so ends
+# a frontend's lease on a scheduler). Pings are allowed without data in between.
+KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 2000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 
 
 @functools.cache
@@ -33,6 +44,7 @@ class GrpcProcess:
     Readiness (``READINESS_SERVICE`` and each registered service name) stays
     NOT_SERVING until ``set_ready(True)``; on SIGTERM every name flips to
     NOT_SERVING, new RPCs are refused and in-flight ones get ``drain_timeout``.
+    The port serves TLS when ``tls`` turns it on (services/common/tls.py).
     """
 
     def __init__(
@@ -44,6 +56,7 @@ class GrpcProcess:
         metrics_port: int = 0,
         max_concurrent_rpcs: int | None = None,
         rpc_metrics: RpcMetrics | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
         self.rpc_metrics = rpc_metrics if rpc_metrics is not None else default_rpc_metrics()
         self.server = grpc.aio.server(
@@ -52,6 +65,7 @@ class GrpcProcess:
             options=[
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                *KEEPALIVE_OPTIONS,
             ],
         )
         self.health = health.aio.HealthServicer()
@@ -61,7 +75,8 @@ class GrpcProcess:
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
         )
         self.address = f"{host}:{port}"
-        self.port = self.server.add_insecure_port(self.address)
+        # TLS (and mTLS) when `tls` turns it on; plaintext otherwise.
+        self.port = add_port(self.server, self.address, tls)
         self.metrics_port = metrics_port
         self._stopping = asyncio.Event()
 

@@ -11,6 +11,7 @@ from tokenline.v1 import detokenizer_pb2, detokenizer_pb2_grpc
 from services.common.envs import env_default
 from services.common.grpc_server import GrpcProcess, wait_until
 from services.common.logs import add_logging_args, setup_logging
+from services.common.tls import TlsSettings, add_tls_flags, pop_tls_settings
 from services.common.tokenizer import load_tokenizer
 from services.detokenizer.manager import DetokenizerManager
 from services.detokenizer.metrics import DetokenizerMetrics
@@ -30,6 +31,7 @@ class DetokenizerConfig:
     drain_timeout: float
     log_level: str
     log_json: bool
+    tls: TlsSettings
 
 
 def parse_args(argv: list[str] | None = None) -> DetokenizerConfig:
@@ -50,7 +52,10 @@ def parse_args(argv: list[str] | None = None) -> DetokenizerConfig:
         "--drain-timeout", type=float, default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, float)
     )
     add_logging_args(p)
-    return DetokenizerConfig(**vars(p.parse_args(argv)))
+    add_tls_flags(p)
+    args = p.parse_args(argv)
+    tls = pop_tls_settings(args)
+    return DetokenizerConfig(**vars(args), tls=tls)
 
 
 async def serve(config: DetokenizerConfig) -> None:
@@ -63,6 +68,7 @@ async def serve(config: DetokenizerConfig) -> None:
         port=config.port,
         service_names=[SERVICE_NAME],
         metrics_port=config.metrics_port,
+        tls=config.tls,
     )
     metrics = DetokenizerMetrics()
     servicer = DetokenizerServicer(manager, on_batch=metrics.observe_batch)

@@ -4,7 +4,9 @@ Transport-free: ``handle_batch`` takes one scheduler step (rows as protos, since
 they pass through nearly unchanged) and returns, per frontend id, the StrRows
 to send. A state is created on a row with ``has_init`` and deleted on the row
 that carries a finish reason, whatever the reason, or when the scheduler
-stream that created it ends.
+stream that created it ends. Frontends make rids unique across the cluster, so a
+second ``has_init`` for a live rid is a fault somewhere upstream: it is refused,
+never allowed to replace (or mix its rows into) the live state.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class DetokenizerStats:
     num_dropped_rows: int = 0  # rows for a rid with no live state (or no subscriber)
     num_refused_requests: int = 0  # new rids refused because the table was full
     num_unstable_decodes: int = 0  # finals whose full decode did not extend what was sent
+    num_duplicate_rids: int = 0  # a has_init for a rid that was already live: refused
 
 
 @dataclass(slots=True)
@@ -90,18 +93,31 @@ class DetokenizerManager:
         self, row: scheduler_pb2.TokenIDRow, source: str, routed: Routed
     ) -> DecodeStatus | None:
         if row.has_init:
-            if len(self.states) >= self.max_states and row.rid not in self.states:
+            if (live := self.states.get(row.rid)) is not None:
+                self._refuse_duplicate(row, live, routed)
+                return None
+            if len(self.states) >= self.max_states:
                 routed[row.reply_to].rows.append(self._refuse(row.rid))
                 return None
             self.states[row.rid] = self._create_state(row, source)
         state = self.states.get(row.rid)
-        if state is None:
+        if state is None or state.source != source:  # unknown, or a refused duplicate's
             self.stats.num_dropped_rows += 1
+            return None
         return state
 
+    def _refuse_duplicate(
+        self, row: scheduler_pb2.TokenIDRow, live: DecodeStatus, routed: Routed
+    ) -> None:
+        """Keep the live state; the newcomer's frontend, when it is another one, hears
+        why (an abort row to the same frontend would end the live request instead)."""
+        self.stats.num_duplicate_rids += 1
+        logger.error("rid=%s is already live; refusing a second request with it", row.rid)
+        if row.reply_to != live.reply_to:
+            message = f"request id {row.rid!r} is already live in the detokenizer"
+            routed[row.reply_to].rows.append(abort_row(row.rid, message))
+
     def _create_state(self, row: scheduler_pb2.TokenIDRow, source: str) -> DecodeStatus:
-        if row.rid in self.states:
-            logger.warning("rid=%s initialised again; the new request replaces it", row.rid)
         flags = DecodeFlags(row.skip_special_tokens, row.spaces_between_special_tokens)
         return DecodeStatus.create(
             list(row.prompt_tail_ids),

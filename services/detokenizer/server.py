@@ -83,6 +83,7 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServiceServicer):
             num_subscribers=len(self.subscribers),
             num_refused_requests=stats.num_refused_requests,
             num_unstable_decodes=stats.num_unstable_decodes,
+            num_duplicate_rids=stats.num_duplicate_rids,
         )
 
     async def _route(self, routed: Routed, *, wait: bool = True) -> None:

@@ -16,6 +16,7 @@ from tokenline.v1 import detokenizer_pb2, frontend_pb2, frontend_pb2_grpc
 from services.common.envs import env_default
 from services.common.grpc_server import GrpcProcess
 from services.common.logs import add_logging_args, setup_logging
+from services.common.tls import TlsSettings, add_tls_flags, pop_tls_settings
 from services.common.tokenizer import load_tokenizer
 from services.frontend.batch_tokenizer import DynamicBatchTokenizer
 from services.frontend.chat_template import ChatTemplate, ChatTokenization
@@ -52,6 +53,7 @@ class FrontendConfig:
     drain_timeout: float
     log_level: str
     log_json: bool
+    tls: TlsSettings
 
 
 def _addr_list(value: str) -> tuple[str, ...]:
@@ -126,12 +128,14 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
         "--drain-timeout", type=float, default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, float)
     )
     add_logging_args(p)
+    add_tls_flags(p)
     args = p.parse_args(argv)
+    tls = pop_tls_settings(args)
     if isinstance(args.scheduler_addrs, str):
         args.scheduler_addrs = _addr_list(args.scheduler_addrs)
     if args.tokenizer_batch_window_ms < 0 or args.tokenizer_max_batch_size < 1:
         p.error("--tokenizer-batch-window-ms must be >= 0 and --tokenizer-max-batch-size >= 1")
-    return FrontendConfig(**vars(args))
+    return FrontendConfig(**vars(args), tls=tls)
 
 
 def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> ServingContext:
@@ -146,15 +150,16 @@ def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> 
     )
     frontend_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
-    def on_finished(row: detokenizer_pb2.StrRow) -> None:
+    def on_finished(row: detokenizer_pb2.StrRow, label: str) -> None:
         metrics.observe_finished(row)
-        log_finished(row)
+        log_finished(row, label)
 
     manager = TokenizerManager(
         frontend_id,
         list(config.scheduler_addrs),
         config.detokenizer_addr,
         on_finished=on_finished,
+        tls=config.tls,
     )
     batcher = DynamicBatchTokenizer(
         tokenizer,
@@ -210,6 +215,7 @@ async def serve(config: FrontendConfig) -> None:
         service_names=[SERVICE_NAME],
         metrics_port=config.metrics_port,
         max_concurrent_rpcs=config.max_concurrent_rpcs,
+        tls=config.tls,
     )
     frontend_pb2_grpc.add_FrontendServiceServicer_to_server(servicer, process.server)
     await process.start()

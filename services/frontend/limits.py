@@ -10,6 +10,7 @@ the stop set is fixed before the request reaches a scheduler.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,18 @@ class ModelLimits:
     stop_token_ids: tuple[int, ...] = ()
     # Cut a too-long prompt's left side instead of refusing it (--allow-auto-truncate).
     allow_auto_truncate: bool = False
+    # --context-length was given: a cap on top of what the schedulers serve.
+    context_length_is_cap: bool = False
+
+    def served_by(self, scheduler_context_length: int) -> ModelLimits:
+        """These limits with the schedulers' context length, which already counts their
+        sliding window and KV pool; 0 (no scheduler reported yet) keeps the model's."""
+        if not scheduler_context_length:
+            return self
+        context = scheduler_context_length
+        if self.context_length_is_cap:
+            context = min(context, self.context_length)
+        return dataclasses.replace(self, context_length=context)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -60,7 +73,8 @@ def load_model_limits(
     default_max_tokens: int = 1024,
     allow_auto_truncate: bool = False,
 ) -> ModelLimits:
-    """``context_length`` 0 means the model's ``max_position_embeddings``."""
+    """``context_length`` 0 means the model's ``max_position_embeddings`` until the
+    schedulers report theirs (``ModelLimits.served_by``); otherwise it caps theirs."""
     config = _read_json(Path(model_dir) / "config.json")
     return ModelLimits(
         # Ids index the model's embedding table: its size is the bound, not the tokenizer's.
@@ -69,4 +83,5 @@ def load_model_limits(
         default_max_tokens=default_max_tokens,
         stop_token_ids=model_stop_token_ids(model_dir, tokenizer),
         allow_auto_truncate=allow_auto_truncate,
+        context_length_is_cap=context_length > 0,
     )

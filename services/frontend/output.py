@@ -19,7 +19,12 @@ def finish_name(fr: common_pb2.FinishReason) -> str:
 
 
 def set_matched_stop(choice: object, fr: common_pb2.FinishReason) -> None:
-    """Copy what matched (vLLM's stop_reason) onto a choice proto."""
+    """Copy what matched (vLLM's stop_reason) onto a choice proto; for an ``abort``
+    finish, the reason the scheduler or detokenizer gave."""
+    if fr.kind == common_pb2.FinishReason.KIND_ABORT:
+        if fr.message:
+            choice.matched_str = fr.message  # type: ignore[attr-defined]
+        return
     which = fr.WhichOneof("matched")
     if which is not None:
         setattr(choice, which, getattr(fr, which))
@@ -58,8 +63,8 @@ class ChoiceAccumulator:
 
 def usage_of(accs: list[ChoiceAccumulator] | list[common_pb2.Usage]) -> openai_pb2.CompletionUsage:
     """Usage over all choices: the prompt counted once, completions summed."""
-    usages = [a.usage if isinstance(a, ChoiceAccumulator) else a for a in accs]
-    usages = [u for u in usages if u is not None]
+    found = [a.usage if isinstance(a, ChoiceAccumulator) else a for a in accs]
+    usages = [u for u in found if u is not None]
     prompt = usages[0].prompt_tokens if usages else 0
     cached = usages[0].cached_tokens if usages else 0
     completion = sum(u.completion_tokens for u in usages)
@@ -78,7 +83,7 @@ class LogprobFormatter:
         self.tokenizer = tokenizer
 
     def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+        return str(self.tokenizer.decode([token_id]))
 
     def chat_entries(self, items: list[common_pb2.TokenLogprob]) -> openai_pb2.ChoiceLogprobs:
         entries = []

@@ -17,10 +17,12 @@ from services.frontend.output import finish_name
 logger = logging.getLogger("tokenline.requests")
 
 
-def request_fields(row: detokenizer_pb2.StrRow) -> dict[str, Any]:
-    """The final row of one choice, as the fields of its log line."""
+def request_fields(row: detokenizer_pb2.StrRow, label: str = "") -> dict[str, Any]:
+    """The final row of one choice, as the fields of its log line (``label``: the
+    client's id for it)."""
     return {
         "rid": row.rid,
+        "label": label,
         "finish_reason": finish_name(row.finish_reason),
         "prompt_tokens": row.usage.prompt_tokens,
         "completion_tokens": row.usage.completion_tokens,
@@ -29,10 +31,10 @@ def request_fields(row: detokenizer_pb2.StrRow) -> dict[str, Any]:
     }
 
 
-def log_finished(row: detokenizer_pb2.StrRow) -> None:
+def log_finished(row: detokenizer_pb2.StrRow, label: str = "") -> None:
     if not logger.isEnabledFor(logging.INFO):
         return
-    fields = request_fields(row)
+    fields = request_fields(row, label)
     stages = " ".join(f"{stage}_ms={ms}" for stage, ms in fields["stages_ms"].items())
     counts = " ".join(f"{k}={v}" for k, v in fields.items() if k != "stages_ms")
     logger.info("request finished %s %s", counts, stages, extra=fields)

@@ -39,14 +39,14 @@ class ReqState:
     rid: str
     index: int
     sink: asyncio.Queue[int]
+    label: str = ""  # the client's id for this choice, for logs
     times: common_pb2.StageTimes = field(default_factory=common_pb2.StageTimes)
     stage: ReqStage = "created"
     scheduler: str = ""
     dispatched: bool = False
     abort_sent: bool = False
     dispatch_call: asyncio.Future | None = None  # the AddRequest call while in flight
-    error: str | None = None  # set when the frontend itself ends the request
-    error_unavailable: bool = False  # the error is a lost service: UNAVAILABLE, retryable
+    error: str | None = None  # a service it needed was lost: UNAVAILABLE, retryable
     text_chunks: list[str] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
@@ -86,12 +86,11 @@ class ReqState:
             self.advance("finished")
         self._notify()
 
-    def fail(self, message: str, *, unavailable: bool = False) -> None:
+    def fail(self, message: str) -> None:
         """End the request from the frontend's side; the scheduler may still hold it."""
         if self.is_finished:
             return
         self.error = message
-        self.error_unavailable = unavailable
         self.advance("finished")
         self._notify()
 

@@ -1,12 +1,17 @@
-"""SchedulerRouter: which scheduler replica gets the next request.
+"""SchedulerRouter: this frontend's leases on the scheduler replicas, and which one
+gets the next request.
 
-Scheduler replicas are data-parallel engines. The router polls each one's
-GetInfo (waiting + running) and adds the requests this frontend dispatched since
-that poll was sent, so a burst spreads out before the next poll; requests the
-poll already counted are not counted again. The same polls tell which
-dtype the replicas run the model in, for the model card. A replica that fails a
-poll or refuses with UNAVAILABLE is skipped until it answers again, and the
-``on_down`` callback lets the owner fail the requests it holds right away.
+Scheduler replicas are data-parallel engines. The router holds one ``Attach``
+stream (the lease) per replica: a replica runs this frontend's requests only while
+the lease is up, and aborts them all when it ends, so a frontend that dies leaves
+nothing running. The same stream beats with the replica's load every 250 ms.
+
+Routing picks the least-loaded leased replica. A beat's load counts the requests
+the replica has accepted; what this frontend sent that the beat has not counted yet
+(``num_accepted`` tells exactly how many it has) is added on top, so a burst spreads
+out between beats and nothing is counted twice. A replica whose lease ends or whose
+beats stop is skipped until a new lease is up, and ``on_down`` lets the owner fail
+the requests it holds there right away: the replica aborts them on its side.
 """
 
 from __future__ import annotations
@@ -22,47 +27,60 @@ from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 logger = logging.getLogger(__name__)
 
 DOWN_BACKOFF_S = 2.0
+# A lease whose beats (every 250 ms) stop for this long is treated as lost.
+BEAT_TIMEOUT_S = 2.0
 
 
 class SchedulerRouter:
     def __init__(
         self,
         stubs: dict[str, scheduler_pb2_grpc.SchedulerServiceStub],
+        frontend_id: str,
         on_down: Callable[[str], None] = lambda addr: None,
-        poll_interval: float = 0.25,
+        beat_timeout: float = BEAT_TIMEOUT_S,
     ) -> None:
         self._stubs = stubs
+        self._frontend_id = frontend_id
         self._on_down = on_down
-        self._poll_interval = poll_interval
-        self._polled_load = dict.fromkeys(stubs, 0)
-        self._num_dispatched = dict.fromkeys(stubs, 0)  # ever, by this frontend
-        self._num_dispatched_at_poll = dict.fromkeys(stubs, 0)  # when the last answer was asked
+        self._beat_timeout = beat_timeout
+        self._leased = dict.fromkeys(stubs, False)
+        self._beat_load = dict.fromkeys(stubs, 0)  # waiting + running, from the last beat
+        self._num_dispatched = dict.fromkeys(stubs, 0)  # by this frontend, ever
+        self._num_dispatched_at_lease = dict.fromkeys(stubs, 0)  # when the lease came up
+        self._num_accepted = dict.fromkeys(stubs, 0)  # on this lease, from the last beat
         self._down_until = dict.fromkeys(stubs, 0.0)
-        self._answered = dict.fromkeys(stubs, False)  # did its last poll get an answer
-        self._dtypes: dict[str, str] = {}  # per replica, from its last answer
+        self._dtypes: dict[str, str] = {}  # per replica, from its last beat
+        self._context_lengths: dict[str, int] = {}  # per replica, as it enforces it
         self._turn = 0
-        self._task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._poll_forever(), name="scheduler-router")
+        self._tasks = [
+            asyncio.create_task(self._hold_lease(addr), name=f"lease-{addr}")
+            for addr in self._stubs
+        ]
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def load(self, addr: str) -> int:
-        """The replica's last polled load plus what this frontend sent it since."""
-        unseen = self._num_dispatched[addr] - self._num_dispatched_at_poll[addr]
-        return self._polled_load[addr] + max(0, unseen)
+        """The replica's load at its last beat plus what this frontend sent it that the
+        beat had not counted."""
+        sent = self._num_dispatched[addr] - self._num_dispatched_at_lease[addr]
+        return self._beat_load[addr] + max(0, sent - self._num_accepted[addr])
+
+    def is_leased(self, addr: str) -> bool:
+        return self._leased[addr]
 
     def is_up(self, addr: str) -> bool:
-        return time.monotonic() >= self._down_until[addr]
+        return self._leased[addr] and time.monotonic() >= self._down_until[addr]
 
     def any_answering(self) -> bool:
-        """Whether some replica answered its latest poll: readiness needs one that can run
-        a request, not one that merely has not been tried for a while."""
-        return any(self._answered.values())
+        """Whether some replica holds a live lease for this frontend: readiness needs one
+        that can run a request now."""
+        return any(self._leased.values())
 
     def pick(self, exclude: str = "") -> str:
         """The least-loaded replica that is up (any replica if none is); ties rotate."""
@@ -79,47 +97,65 @@ class SchedulerRouter:
         """A dispatch the replica turned away: it never held the request."""
         self._num_dispatched[addr] -= 1
 
-    def mark_down(self, addr: str, *, lost: bool = True) -> None:
-        """Route around ``addr`` for a while; ``lost`` (it stopped answering at all)
-        also fails the requests it holds. A draining replica refuses new work but
-        finishes its own, so a refusal passes ``lost=False``."""
-        was_up = self.is_up(addr)
+    def mark_down(self, addr: str) -> None:
+        """Route around ``addr`` for a while: it refused with UNAVAILABLE (draining, or
+        about to lose the lease). Its requests go on; a lost lease fails them."""
         self._down_until[addr] = time.monotonic() + DOWN_BACKOFF_S
-        if was_up and lost:
-            logger.warning("scheduler %s unavailable; routing around it", addr)
-            self._on_down(addr)
 
-    async def served_dtype(self) -> str:
-        """The dtype the replicas reported, comma-joined when they differ ("" while none
-        answers). Before the first answer it polls them now rather than wait for the loop."""
-        if not self._dtypes:
-            await self.refresh()
+    def context_length(self) -> int:
+        """The context length every leased replica can serve (the least of theirs; 0
+        while none is leased): the one source of the model's limits."""
+        leased = [n for a, n in self._context_lengths.items() if self._leased[a] and n]
+        return min(leased, default=0)
+
+    def served_dtype(self) -> str:
+        """The dtype the replicas reported, comma-joined when they differ ("" while no
+        lease has beaten yet)."""
         return ",".join(sorted(set(self._dtypes.values())))
 
-    async def refresh(self) -> None:
-        """Poll every replica once now (the loop does so every ``poll_interval``)."""
-        await asyncio.gather(*(self._poll(addr) for addr in self._stubs))
-
-    async def _poll_forever(self) -> None:
+    async def _hold_lease(self, addr: str) -> None:
+        """Keep a lease on ``addr`` for as long as the router runs."""
+        backoff = 0.05
         while True:
-            await self.refresh()
-            await asyncio.sleep(self._poll_interval)
+            call = self._stubs[addr].Attach(
+                scheduler_pb2.AttachRequest(frontend_id=self._frontend_id)
+            )
+            why = "lease ended"
+            try:
+                beats = call.__aiter__()
+                while True:
+                    beat = await asyncio.wait_for(anext(beats), self._beat_timeout)
+                    self._on_beat(addr, beat)
+                    backoff = 0.05
+            except StopAsyncIteration:
+                pass
+            except TimeoutError:
+                why = f"no beat for {self._beat_timeout:.1f}s"
+            except grpc.aio.AioRpcError as exc:
+                why = exc.code().name
+            finally:
+                call.cancel()
+            self._lease_lost(addr, why)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
 
-    async def _poll(self, addr: str) -> None:
-        # Sent before the request: what this frontend dispatched after it may be missing
-        # from the answer, so it stays counted on top.
-        dispatched_before = self._num_dispatched[addr]
-        try:
-            info = await self._stubs[addr].GetInfo(scheduler_pb2.ServerInfoRequest(), timeout=2)
-        except grpc.aio.AioRpcError as exc:
-            is_gone = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-            self._answered[addr] = not is_gone  # any other status is still an answer
-            if is_gone:
-                self.mark_down(addr)  # gone, or too wedged to answer: route around it
+    def _on_beat(self, addr: str, beat: scheduler_pb2.SchedulerBeat) -> None:
+        if not self._leased[addr]:
+            self._leased[addr] = True
+            self._num_dispatched_at_lease[addr] = self._num_dispatched[addr]
+            self._down_until[addr] = 0.0
+            logger.info("lease on scheduler %s is up", addr)
+        self._beat_load[addr] = beat.info.num_waiting + beat.info.num_running
+        self._num_accepted[addr] = beat.num_accepted
+        if beat.info.dtype:
+            self._dtypes[addr] = beat.info.dtype
+        self._context_lengths[addr] = beat.info.context_length
+
+    def _lease_lost(self, addr: str, why: str) -> None:
+        if not self._leased[addr]:
             return
-        self._answered[addr] = True
-        self._polled_load[addr] = info.num_waiting + info.num_running
-        self._num_dispatched_at_poll[addr] = dispatched_before
-        if info.dtype:
-            self._dtypes[addr] = info.dtype
-        self._down_until[addr] = 0.0
+        self._leased[addr] = False
+        self._beat_load[addr] = 0
+        self._num_accepted[addr] = 0
+        logger.warning("lease on scheduler %s lost (%s); routing around it", addr, why)
+        self._on_down(addr)

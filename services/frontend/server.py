@@ -90,7 +90,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
     async def Tokenize(self, request, context):  # noqa: N802
         tokens = await self.ctx.batcher.encode(request.prompt, request.add_special_tokens)
         return frontend_pb2.TokenizeResponse(
-            tokens=tokens, count=len(tokens), max_model_len=self.ctx.limits.context_length
+            tokens=tokens, count=len(tokens), max_model_len=self.ctx.current_limits().context_length
         )
 
     @grpc_errors
@@ -108,8 +108,8 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
             object="model",
             created=self.started,
             owned_by="tokenline",
-            max_model_len=self.ctx.limits.context_length,
-            dtype=await self.ctx.manager.router.served_dtype(),
+            max_model_len=self.ctx.current_limits().context_length,
+            dtype=self.ctx.manager.router.served_dtype(),
         )
         return openai_pb2.ModelList(object="list", data=[model])
 

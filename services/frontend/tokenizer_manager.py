@@ -1,18 +1,22 @@
 """TokenizerManager: the frontend's request lifecycle.
 
-Dispatches tokenized requests to a scheduler, routes rows from the detokenizer
-subscription to their ReqState, and guarantees that every ending (finish,
-error, client cancel, lost detokenizer) removes the ReqState and, when the
-scheduler may still hold the request, sends exactly one AbortReq.
+Makes the cluster-wide rids (``<frontend id>-<counter>``: the frontend id is unique
+per process start, so no two live requests anywhere share one, whatever ids clients
+send), dispatches tokenized requests to a scheduler it holds a lease on (router.py),
+routes rows from the detokenizer subscription to their ReqState, and guarantees that
+every ending (finish, error, client cancel, lost detokenizer or scheduler) removes
+the ReqState and, when the scheduler may still hold the request, sends exactly one
+AbortReq.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -24,8 +28,9 @@ from tokenline.v1 import (
     scheduler_pb2_grpc,
 )
 
-from services.common.errors import SCHEDULER_STREAM_ENDED, RequestAbortedError, UnavailableError
+from services.common.errors import SCHEDULER_STREAM_ENDED, UnavailableError
 from services.common.sampling_params import SamplingParams
+from services.common.tls import TlsSettings, open_channel
 from services.frontend.request_state import ReqState, ReqStateTable
 from services.frontend.router import SchedulerRouter
 
@@ -38,12 +43,13 @@ _ABORT_TIMEOUT_S = 5.0
 class TokenizedRequest:
     """One choice of a client request, ready to dispatch."""
 
-    rid: str
+    rid: str  # from TokenizerManager.new_rid: the key in every process
     input_ids: list[int]
     params: SamplingParams
     return_logprob: bool = False
     top_logprobs_num: int = 0
     times: common_pb2.StageTimes | None = None
+    label: str = ""  # the client's id for this choice: echoed and logged, never a key
 
 
 class TokenizerManager:
@@ -52,21 +58,27 @@ class TokenizerManager:
         frontend_id: str,
         scheduler_addrs: list[str],
         detokenizer_addr: str,
-        on_finished: Callable[[detokenizer_pb2.StrRow], None] | None = None,
+        on_finished: Callable[[detokenizer_pb2.StrRow, str], None] | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
         self.frontend_id = frontend_id
         self.table = ReqStateTable()
         self.num_aborts_sent = 0
         self._on_finished = on_finished
-        self._channels = {addr: grpc.aio.insecure_channel(addr) for addr in scheduler_addrs}
+        self._channels = {addr: open_channel(addr, tls) for addr in scheduler_addrs}
         self._stubs = {
             addr: scheduler_pb2_grpc.SchedulerServiceStub(ch) for addr, ch in self._channels.items()
         }
-        self.router = SchedulerRouter(self._stubs, on_down=self._scheduler_down)
-        self._detok_channel = grpc.aio.insecure_channel(detokenizer_addr)
+        self.router = SchedulerRouter(self._stubs, frontend_id, on_down=self._scheduler_down)
+        self._rid_counter = itertools.count()
+        self._detok_channel = open_channel(detokenizer_addr, tls)
         self._subscription: asyncio.Task | None = None
         self._cleanups: set[asyncio.Task] = set()
         self.subscribed = asyncio.Event()
+
+    def new_rid(self) -> str:
+        """A rid no other live request in the cluster has."""
+        return f"{self.frontend_id}-{next(self._rid_counter)}"
 
     # ---- lifecycle of the process ----------------------------------------------
 
@@ -108,7 +120,7 @@ class TokenizerManager:
     @property
     def can_serve(self) -> bool:
         """A request could complete now: the detokenizer stream is up and some scheduler
-        answered its latest poll."""
+        holds a live lease for this frontend."""
         return self.subscribed.is_set() and self.router.any_answering()
 
     def _route(self, batch: detokenizer_pb2.BatchStrOutput) -> None:
@@ -118,16 +130,17 @@ class TokenizerManager:
                 state.push(row)
 
     def _scheduler_down(self, addr: str) -> None:
-        """A replica stopped answering: its requests fail now with UNAVAILABLE."""
+        """The lease on a replica ended: it aborts this frontend's requests there, so
+        they fail now with UNAVAILABLE."""
         for state in self.table.live():
             if state.dispatched and state.scheduler == addr:
-                state.fail(f"scheduler {addr} is unavailable", unavailable=True)
+                state.fail(f"scheduler {addr} is unavailable")
 
     def _fail_dispatched(self, message: str) -> None:
         """Rows of dispatched requests may have been lost: end them now (they get aborted)."""
         for state in self.table.live():
             if state.dispatched:
-                state.fail(message, unavailable=True)
+                state.fail(message)
 
     # ---- one client request ----------------------------------------------------
 
@@ -140,15 +153,18 @@ class TokenizerManager:
         A refusal (duplicate rid, overload, invalid, no scheduler) raises here, before
         the caller has sent anything, so a streaming client gets a real status instead
         of a 200 and an error frame. A row carries everything its choice produced since
-        the previous one, so a slow consumer gets fewer, larger rows. The stream raises
-        RequestAbortedError when a choice was aborted; leaving the context early
-        (client cancel) aborts the choices still running.
+        the previous one, so a slow consumer gets fewer, larger rows. A choice the
+        scheduler or detokenizer aborted ends with an ``abort`` finish row carrying the
+        reason; the stream raises UnavailableError when a service it needs was lost.
+        Leaving the context early (client cancel) aborts the choices still running.
         """
         if not self.subscribed.is_set():
             raise UnavailableError("frontend is not connected to the detokenizer yet")
         sink: asyncio.Queue[int] = asyncio.Queue()
         times = requests[0].times or common_pb2.StageTimes()
         states = self.table.create_all([r.rid for r in requests], sink, times)
+        for state, req in zip(states, requests, strict=True):
+            state.label = req.label
         try:
             for state, req in zip(states, requests, strict=True):
                 await self._dispatch(state, req)
@@ -158,7 +174,7 @@ class TokenizerManager:
 
     async def generate(
         self, requests: list[TokenizedRequest]
-    ) -> AsyncIterator[tuple[int, detokenizer_pb2.StrRow]]:
+    ) -> AsyncGenerator[tuple[int, detokenizer_pb2.StrRow], None]:
         """``open`` as one generator, for callers that send nothing before the first row."""
         async with self.open(requests) as rows:
             async for item in rows:
@@ -174,21 +190,19 @@ class TokenizerManager:
                 state = states[index]
                 row = state.take()
                 if state.error is not None:
-                    error = UnavailableError if state.error_unavailable else RequestAbortedError
-                    raise error(state.error)
+                    raise UnavailableError(state.error)
                 if row.HasField("finish_reason"):
                     remaining -= 1
-                    self._finished(row)
+                    self._finished(row, state.label)
                 yield index, row
 
-    def _finished(self, row: detokenizer_pb2.StrRow) -> None:
+    def _finished(self, row: detokenizer_pb2.StrRow, label: str) -> None:
         if self._on_finished is not None:
-            self._on_finished(row)
-        if row.finish_reason.kind == common_pb2.FinishReason.KIND_ABORT:
-            message = row.finish_reason.message or "request aborted"
+            self._on_finished(row, label)
+        fr = row.finish_reason
+        if fr.kind == common_pb2.FinishReason.KIND_ABORT and fr.message == SCHEDULER_STREAM_ENDED:
             # A lost scheduler is a service failure the client may retry elsewhere.
-            error = UnavailableError if message == SCHEDULER_STREAM_ENDED else RequestAbortedError
-            raise error(message)
+            raise UnavailableError(fr.message)
 
     async def _dispatch(self, state: ReqState, req: TokenizedRequest) -> None:
         try:
@@ -197,7 +211,7 @@ class TokenizerManager:
             if exc.code() != grpc.StatusCode.UNAVAILABLE or len(self._stubs) == 1:
                 raise
             # That replica is down or draining: one more try on another.
-            self.router.mark_down(state.scheduler, lost=False)
+            self.router.mark_down(state.scheduler)
             await self._dispatch_to(self.router.pick(exclude=state.scheduler), state, req)
 
     async def _dispatch_to(self, addr: str, state: ReqState, req: TokenizedRequest) -> None:
@@ -211,6 +225,7 @@ class TokenizerManager:
             ),
             reply_to=self.frontend_id,
             times=state.times,
+            label=req.label,
         )
         state.scheduler = addr
         self.router.dispatched(addr)

@@ -14,6 +14,7 @@ from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.envs import env_default
 from services.common.grpc_server import GrpcProcess, wait_until
 from services.common.logs import add_logging_args, setup_logging
+from services.common.tls import TlsSettings, add_tls_flags, pop_tls_settings
 from services.common.tokenizer import load_tokenizer
 from services.scheduler.detokenizer_pusher import DetokenizerPusher
 from services.scheduler.engine import Scheduler, SchedulerConfig
@@ -51,6 +52,7 @@ class SchedulerProcessConfig:
     drain_timeout: float
     log_level: str
     log_json: bool
+    tls: TlsSettings
 
 
 def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
@@ -109,7 +111,10 @@ def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
         "--drain-timeout", type=float, default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, float)
     )
     add_logging_args(p)
-    return SchedulerProcessConfig(**vars(p.parse_args(argv)))
+    add_tls_flags(p)
+    args = p.parse_args(argv)
+    tls = pop_tls_settings(args)
+    return SchedulerProcessConfig(**vars(args), tls=tls)
 
 
 def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, int, str]:
@@ -123,6 +128,11 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, int, str]:
     logger.info("model %s in %s on %s (%s)", config.model, choice.name, device, choice.reason)
     kv_pool = create_kv_pool(config, model_config, choice.dtype, device)
     context = config.context_length or model_config.max_context_len
+    if kv_pool.num_tokens < context:
+        # One request's KV must fit the pool, so the pool bounds the context; GetInfo
+        # reports this figure and the frontends validate against it.
+        logger.info("context length %d capped to the KV pool's %d", context, kv_pool.num_tokens)
+        context = kv_pool.num_tokens
     stop_checker = StopChecker(
         load_tokenizer(config.model), set(model_config.eos_token_ids), context
     )
@@ -169,6 +179,7 @@ async def serve(config: SchedulerProcessConfig) -> None:
         port=config.port,
         service_names=[SERVICE_NAME],
         metrics_port=config.metrics_port,
+        tls=config.tls,
     )
     model_name = Path(config.model).resolve().name
     servicer = SchedulerServicer(model_name)
@@ -178,7 +189,9 @@ async def serve(config: SchedulerProcessConfig) -> None:
     scheduler, context, dtype = await asyncio.to_thread(build_engine, config)
     metrics = SchedulerMetrics(model_name)
     pusher = DetokenizerPusher(
-        config.detokenizer_addr, on_stream_lost=lambda reason: engine.abort_started(reason)
+        config.detokenizer_addr,
+        on_stream_lost=lambda reason: engine.abort_started(reason),
+        tls=config.tls,
     )
     pusher.start()
     engine = EngineThread(scheduler, sink=pusher.publish, on_stats=metrics.record)

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 from tokenline.v1 import detokenizer_pb2_grpc, scheduler_pb2
 
+from services.common.tls import TlsSettings, open_channel
 from services.scheduler.engine import OutputRow
 from services.scheduler.protocol import rows_to_batch_pb
 
@@ -42,8 +43,10 @@ class DetokenizerPusher:
         detokenizer_addr: str,
         on_stream_lost: Callable[[str], None],
         max_unsent: int = MAX_UNSENT_STEPS,
+        tls: TlsSettings | None = None,
     ) -> None:
         self.detokenizer_addr = detokenizer_addr
+        self.tls = tls
         self.on_stream_lost = on_stream_lost
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
@@ -111,7 +114,7 @@ class DetokenizerPusher:
             self._attempt += 1
             self._carried_rows = False
             try:
-                async with grpc.aio.insecure_channel(self.detokenizer_addr) as channel:
+                async with open_channel(self.detokenizer_addr, self.tls) as channel:
                     stub = detokenizer_pb2_grpc.DetokenizerServiceStub(channel)
                     await stub.PushTokenBatches(self._batches(self._attempt))
                     backoff = 0.05

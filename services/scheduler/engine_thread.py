@@ -55,7 +55,15 @@ class AbortStartedCommand:
     reason: str
 
 
-Command = AddCommand | AbortCommand | AbortStartedCommand
+@dataclass(frozen=True, slots=True)
+class AbortOwnedCommand:
+    """Abort every live request that ``owner`` (a frontend id) sent: its lease ended."""
+
+    owner: str
+    reason: str
+
+
+Command = AddCommand | AbortCommand | AbortStartedCommand | AbortOwnedCommand
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +187,11 @@ class EngineThread:
         """Abort every live request whose first row has been sent downstream."""
         self._submit(AbortStartedCommand(reason))
 
+    def abort_owned(self, owner: str, reason: str) -> None:
+        """Abort every request ``owner`` sent, those still in the inbox included (the
+        inbox is FIFO, so they are in the engine by the time this applies)."""
+        self._submit(AbortOwnedCommand(owner, reason))
+
     def _submit(self, command: Command) -> None:
         """Non-blocking; RESOURCE_EXHAUSTED when the inbox is full."""
         with self._count_lock:
@@ -242,12 +255,19 @@ class EngineThread:
             for req in list(self.scheduler.reqs.values()):
                 if req.sent_init:
                     self.scheduler.abort(req.rid, command.reason)
+        elif isinstance(command, AbortOwnedCommand):
+            owned = [r for r in self.scheduler.reqs.values() if r.flags.reply_to == command.owner]
+            for req in owned:
+                self.scheduler.abort(req.rid, command.reason)
+            if owned:
+                logger.warning("aborted %d requests: %s", len(owned), command.reason)
         else:
             try:
                 self.scheduler.add_request(command.req)
             except TokenlineError as exc:  # the loop side checked; tell the client anyway
-                logger.warning("engine refused accepted rid=%s: %s", command.req.rid, exc)
-                self.scheduler.refuse(command.req, str(exc))
+                req = command.req
+                logger.warning("engine refused rid=%s (label %s): %s", req.rid, req.label, exc)
+                self.scheduler.refuse(req, str(exc))
 
     def _publish_stats(self) -> None:
         s = self.scheduler

@@ -38,6 +38,7 @@ def req_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> Req:
         priority=pb.priority if pb.HasField("priority") else 0,
         return_logprob=pb.logprob.return_logprob,
         top_logprobs_num=pb.logprob.top_logprobs_num,
+        label=pb.label,
     )
 
 

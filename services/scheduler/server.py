@@ -2,19 +2,31 @@
 
 No RPC waits for an engine step: AddRequest and Abort are answered by the engine
 thread's loop side (validation, the live-rid table) as soon as the command is queued.
-Each step's rows reach the detokenizer through ``detokenizer_pusher.py``."""
+Each step's rows reach the detokenizer through ``detokenizer_pusher.py``. Requests
+are tied to the frontend that sent them through its ``Attach`` lease (leases.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-from services.common.errors import UnavailableError, grpc_errors
+from services.common.errors import (
+    InvalidArgumentError,
+    ResourceExhaustedError,
+    UnavailableError,
+    grpc_errors,
+)
 from services.scheduler.engine_thread import EngineThread
+from services.scheduler.leases import Leases
 from services.scheduler.protocol import req_from_pb
 
 logger = logging.getLogger(__name__)
+
+# How often a lease carries the scheduler's load; frontends give up on a lease that
+# stays silent for several beats.
+BEAT_INTERVAL_S = 0.25
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
@@ -24,6 +36,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.context_length = 0
         self.dtype = ""
         self.draining = False
+        self.leases = Leases()
+        self._owner_aborts: set[asyncio.Task] = set()
 
     def attach(self, engine: EngineThread, context_length: int, dtype: str) -> None:
         """Start answering: called once the model is loaded (``dtype``: what it runs in)."""
@@ -33,24 +47,77 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     @grpc_errors
     async def AddRequest(self, request, context):  # noqa: N802 - gRPC method name
-        self._check_alive()
+        engine = self._live_engine()
         if self.draining:
             raise UnavailableError("scheduler is draining; send the request to another replica")
-        self.engine.add_request(req_from_pb(request))
+        owner = request.reply_to
+        if not self.leases.holds(owner):
+            raise UnavailableError(f"frontend {owner!r} holds no lease here; Attach first")
+        engine.add_request(req_from_pb(request))
+        self.leases.count_accepted(owner)
         return scheduler_pb2.AddReqAck()
 
     @grpc_errors
     async def Abort(self, request, context):  # noqa: N802
-        self._check_alive()
-        return scheduler_pb2.AbortAck(found=self.engine.abort(request.rid, request.reason))
+        found = self._live_engine().abort(request.rid, request.reason)
+        return scheduler_pb2.AbortAck(found=found)
 
     @grpc_errors
     async def GetInfo(self, request, context):  # noqa: N802
-        self._check_alive()
-        stats = self.engine.stats
+        return self._info(self._live_engine())
+
+    @grpc_errors
+    async def Attach(self, request, context):  # noqa: N802
+        """The frontend's lease: beats with the load until the stream ends, then every
+        request that frontend sent is aborted (unless it holds another stream).
+
+        A coroutine writing beats, not a generator: cancellation (the frontend's
+        connection ended) lands in this frame, so the ``finally`` runs at once."""
+        engine = self._live_engine()
+        owner = request.frontend_id
+        if not owner:
+            raise InvalidArgumentError("must be non-empty", field="frontend_id")
+        self.leases.open(owner)
+        logger.info("frontend %s attached", owner)
+        try:
+            while True:
+                beat = scheduler_pb2.SchedulerBeat(
+                    info=self._info(engine), num_accepted=self.leases.num_accepted(owner)
+                )
+                await context.write(beat)
+                await asyncio.sleep(BEAT_INTERVAL_S)
+        finally:
+            if self.leases.close(owner):
+                logger.info("frontend %s detached; aborting its requests", owner)
+                self._abort_owned(engine, owner)
+
+    def _abort_owned(self, engine: EngineThread, owner: str) -> None:
+        """Synchronous when the inbox has room; otherwise retried until it has, since a
+        lost abort would leave the requests running for nobody."""
+        reason = f"frontend {owner} went away"
+        try:
+            engine.abort_owned(owner, reason)
+        except ResourceExhaustedError:
+            retry = self._retry_abort_owned(engine, owner, reason)
+            task = asyncio.get_running_loop().create_task(retry)
+            self._owner_aborts.add(task)
+            task.add_done_callback(self._owner_aborts.discard)
+
+    @staticmethod
+    async def _retry_abort_owned(engine: EngineThread, owner: str, reason: str) -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            try:
+                engine.abort_owned(owner, reason)
+                return
+            except ResourceExhaustedError:
+                continue
+
+    def _info(self, engine: EngineThread) -> scheduler_pb2.SchedulerInfo:
+        stats = engine.stats
         # Waiting counts every accepted request not yet running, those still on their way
         # into the next step included: routers read it right after dispatching.
-        num_waiting = max(stats.num_waiting, len(self.engine.live) - stats.num_running)
+        num_waiting = max(stats.num_waiting, len(engine.live) - stats.num_running)
         return scheduler_pb2.SchedulerInfo(
             num_waiting=num_waiting,
             num_running=stats.num_running,
@@ -60,13 +127,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             model=self.model_name,
             context_length=self.context_length,
             dtype=self.dtype,
+            num_frontends=len(self.leases),
         )
 
-    def _check_alive(self) -> None:
+    def _live_engine(self) -> EngineThread:
+        """The engine, or UNAVAILABLE while the model loads or after the engine failed."""
         if self.engine is None:
             raise UnavailableError("scheduler is loading the model")
         if self.engine.fatal_error is not None:
             raise UnavailableError(f"engine failed: {type(self.engine.fatal_error).__name__}")
+        return self.engine
 
 
 __all__ = ["SchedulerServicer"]

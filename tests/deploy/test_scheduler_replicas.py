@@ -73,25 +73,31 @@ def request(rid: str, tokens: int) -> generate_pb2.GenerateReqInput:
     )
 
 
-async def running(addr: str) -> int:
+async def info(addr: str) -> scheduler_pb2.SchedulerInfo:
     async with grpc.aio.insecure_channel(addr) as ch:
-        info = await scheduler_pb2_grpc.SchedulerServiceStub(ch).GetInfo(
+        return await scheduler_pb2_grpc.SchedulerServiceStub(ch).GetInfo(
             scheduler_pb2.ServerInfoRequest(), timeout=5
         )
-    return info.num_running + info.num_waiting
+
+
+async def running(addr: str) -> int:
+    found = await info(addr)
+    return found.num_running + found.num_waiting
 
 
 async def spread_then_kill(stack: LocalStack, second: str) -> None:
     first = stack.addr("scheduler")
     async with grpc.aio.insecure_channel(stack.addr("frontend")) as channel:
         stub = frontend_pb2_grpc.FrontendServiceStub(channel)
-        for _ in range(120):  # replica B loads its model in its own time
+        deadline = time.monotonic() + 60  # replica B loads its model in its own time
+        while True:  # until the frontend holds a lease on both replicas
             try:
-                await running(second)
-                break
+                if (await info(second)).num_frontends == 1 and (await info(first)).num_frontends:
+                    break
             except grpc.aio.AioRpcError:
-                await asyncio.sleep(0.5)
-        await asyncio.sleep(1.0)  # one router poll sees both up
+                pass
+            assert time.monotonic() < deadline, "the frontend never attached to replica B"
+            await asyncio.sleep(0.1)
         calls = [stub.Generate(request(f"spread-{i}", 24), timeout=120) for i in range(6)]
         seen = {first: 0, second: 0}
         pending = asyncio.gather(*calls)

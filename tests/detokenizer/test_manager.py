@@ -123,6 +123,23 @@ def test_ending_a_source_aborts_only_its_requests(bytelevel: Family) -> None:
     assert list(manager.states) == ["b"]
 
 
+def test_a_second_request_with_a_live_rid_is_refused_not_mixed_in(bytelevel: Family) -> None:
+    manager = DetokenizerManager(bytelevel.decoder)
+    hello, other = bytelevel.encode("hello"), bytelevel.encode(" other")
+    push(manager, row("r", hello, init=True, reply_to="fe-1"), source="s1")
+    # Another frontend's request with the same rid, from another scheduler:
+    routed = push(manager, row("r", other, init=True, reply_to="fe-2"), source="s2")
+    (refused,) = routed["fe-2"]
+    assert (
+        refused.finish_reason.kind == KIND_ABORT and "already live" in refused.finish_reason.message
+    )
+    assert "fe-1" not in routed  # the live request is not told anything
+    assert push(manager, row("r", other, finish=LENGTH), source="s2") == {}  # dropped
+    (final,) = push(manager, row("r", [], finish=LENGTH), source="s1")["fe-1"]
+    assert final.text == "" and final.finish_reason.kind == LENGTH.kind
+    assert manager.stats.num_duplicate_rids == 1 and not manager.states
+
+
 def test_metrics_read_the_manager_at_scrape_time(bytelevel: Family) -> None:
     registry = CollectorRegistry()
     manager = DetokenizerManager(bytelevel.decoder, max_states=1)

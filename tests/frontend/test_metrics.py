@@ -94,10 +94,10 @@ def test_one_log_line_per_finished_request(
     json_lines: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO, logger="tokenline.requests"):
-        log_finished(final_row())
+        log_finished(final_row(), "client-7")
     (record,) = caplog.records
     line = log_formatter(json_lines).format(record)
-    expected = request_fields(final_row())
+    expected = request_fields(final_row(), "client-7")
     assert expected["stages_ms"]["queue"] == pytest.approx(4.0)
     if json_lines:
         got = json.loads(line)
@@ -106,7 +106,13 @@ def test_one_log_line_per_finished_request(
         assert {k: got[k] for k in expected} == expected
     else:
         assert "\n" not in line
-        for key in ("rid=req-1", "finish_reason=length", "prompt_tokens=12", "cached_tokens=4"):
+        for key in (
+            "rid=req-1",
+            "label=client-7",
+            "finish_reason=length",
+            "prompt_tokens=12",
+            "cached_tokens=4",
+        ):
             assert key in line
         for stage, ms in expected["stages_ms"].items():
             assert f"{stage}_ms={ms}" in line

@@ -155,3 +155,15 @@ def test_the_default_model_stops_on_its_eos(default_model_dir: Path, tokenizer) 
     limits = load_model_limits(default_model_dir, tokenizer)
     assert limits.stop_token_ids == (tokenizer.eos_token_id,)
     assert limits.context_length == 4096
+
+
+def test_the_schedulers_context_length_is_the_source_and_the_flag_only_caps_it(
+    default_model_dir: Path, tokenizer
+) -> None:
+    model = load_model_limits(default_model_dir, tokenizer)  # 4096 from config.json
+    assert model.served_by(0).context_length == 4096  # no scheduler reported yet
+    assert model.served_by(1024).context_length == 1024  # e.g. a small KV pool
+    assert model.served_by(8192).context_length == 8192  # the scheduler's override
+    capped = load_model_limits(default_model_dir, tokenizer, context_length=2048)
+    assert capped.served_by(1024).context_length == 1024
+    assert capped.served_by(8192).context_length == 2048

@@ -1,12 +1,14 @@
-"""SchedulerRouter's view of the replicas (load, dtype) from GetInfo answers over real gRPC.
+"""SchedulerRouter's leases and its view of the replicas (load, dtype), over real gRPC.
 
-The schedulers here are fakes that answer GetInfo only: this is a unit test of the
-router, the layer above them."""
+The schedulers here are fakes that answer Attach only, beating with whatever load
+the test sets: this is a unit test of the router, the layer above them. The real
+scheduler's side of the lease is tested in tests/scheduler/test_server.py."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -14,20 +16,32 @@ from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.frontend.router import SchedulerRouter
 
 
-class InfoOnlyScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
+class BeatingScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(self, dtype: str, num_running: int = 0) -> None:
         self.dtype = dtype
         self.num_running = num_running
+        self.num_accepted = 0
+        self.num_beats = 0
+        self.attached: list[str] = []  # frontend ids, one per Attach call
+        self.silent = False  # stop beating without ending the stream
+        self.end_lease = asyncio.Event()
 
-    async def GetInfo(self, request, context):  # noqa: N802
-        info = scheduler_pb2.SchedulerInfo(model="m", dtype=self.dtype)
-        info.num_running = self.num_running
-        return info
+    async def Attach(self, request, context):  # noqa: N802
+        self.attached.append(request.frontend_id)
+        while not self.end_lease.is_set():
+            if not self.silent:
+                info = scheduler_pb2.SchedulerInfo(model="m", dtype=self.dtype)
+                info.num_running = self.num_running
+                beat = scheduler_pb2.SchedulerBeat(info=info, num_accepted=self.num_accepted)
+                await context.write(beat)
+                self.num_beats += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.end_lease.wait(), 0.02)
 
 
 @contextlib.asynccontextmanager
 async def serving(
-    fakes: list[InfoOnlyScheduler],
+    fakes: list[BeatingScheduler],
 ) -> AsyncIterator[dict[str, scheduler_pb2_grpc.SchedulerServiceStub]]:
     """Each fake on its own real grpc.aio server; stubs by address, in order."""
     servers, channels, stubs = [], [], {}
@@ -48,38 +62,75 @@ async def serving(
             await server.stop(None)
 
 
-async def test_load_counts_a_dispatched_request_once_before_and_after_a_poll_sees_it() -> None:
-    fakes = [InfoOnlyScheduler("float32"), InfoOnlyScheduler("float32")]
-    async with serving(fakes) as stubs:
+async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def started(router: SchedulerRouter) -> AsyncIterator[SchedulerRouter]:
+    router.start()
+    try:
+        yield router
+    finally:
+        await router.close()
+
+
+async def test_load_counts_a_dispatched_request_once_before_and_after_a_beat_sees_it() -> None:
+    fakes = [BeatingScheduler("float32"), BeatingScheduler("float32")]
+    async with serving(fakes) as stubs, started(SchedulerRouter(stubs, "fe")) as router:
         a, b = stubs
-        router = SchedulerRouter(stubs)  # not started: polls happen only on refresh()
-        await router.refresh()
+        await eventually(lambda: router.is_up(a) and router.is_up(b))
         for _ in range(3):
             router.dispatched(a)
-        assert (router.load(a), router.load(b)) == (3, 0)  # before any poll sees them
+        assert (router.load(a), router.load(b)) == (3, 0)  # before any beat counts them
         assert router.pick() == b
-        fakes[0].num_running = 3  # the replica now holds the three
-        await router.refresh()
-        assert router.load(a) == 3  # counted once, not polled + dispatched
+        fakes[0].num_running, fakes[0].num_accepted = 3, 3  # the replica now holds the three
+        beats = fakes[0].num_beats
+        await eventually(lambda: fakes[0].num_beats >= beats + 2)  # one has surely arrived
+        assert router.load(a) == 3  # counted once, not beat + dispatched
         router.dispatched(b)
         router.refused(b)  # turned away: it never held it
         assert router.load(b) == 0
         fakes[0].num_running = 0  # they finished
-        await router.refresh()
-        assert router.load(a) == 0
+        await eventually(lambda: router.load(a) == 0)
+        assert fakes[0].attached == ["fe"] and fakes[1].attached == ["fe"]
 
 
-async def test_served_dtype_asks_replicas_before_the_first_poll_and_joins_differences() -> None:
-    fakes = [InfoOnlyScheduler(dtype) for dtype in ("float32", "bfloat16", "bfloat16")]
+async def test_a_lost_lease_calls_on_down_and_comes_back() -> None:
+    fakes = [BeatingScheduler("float32")]
+    downs: list[str] = []
     async with serving(fakes) as stubs:
-        router = SchedulerRouter(stubs)  # not started: no polling loop
-        assert await router.served_dtype() == "bfloat16,float32"
+        (addr,) = stubs
+        router = SchedulerRouter(stubs, "fe", on_down=downs.append, beat_timeout=0.3)
+        async with started(router):
+            await eventually(router.any_answering)
+            fakes[0].end_lease.set()  # the scheduler ends the lease
+            await eventually(lambda: not router.any_answering())
+            assert downs == [addr]
+            fakes[0].end_lease.clear()
+            await eventually(router.any_answering)  # a new lease
+            fakes[0].silent = True  # beats stop, the stream stays open
+            await eventually(lambda: not router.any_answering(), timeout=2.0)
+            assert downs == [addr, addr]
+            await eventually(lambda: len(fakes[0].attached) >= 3)  # it tries again
 
 
-async def test_served_dtype_is_empty_while_no_replica_answers() -> None:
+async def test_served_dtype_joins_the_replicas_differences() -> None:
+    fakes = [BeatingScheduler(dtype) for dtype in ("float32", "bfloat16", "bfloat16")]
+    async with serving(fakes) as stubs, started(SchedulerRouter(stubs, "fe")) as router:
+        await eventually(lambda: all(router.is_leased(a) for a in stubs))
+        assert router.served_dtype() == "bfloat16,float32"
+
+
+async def test_nothing_is_up_while_no_replica_answers() -> None:
     channel = grpc.aio.insecure_channel("127.0.0.1:1")  # nothing listens there
     try:
         stubs = {"127.0.0.1:1": scheduler_pb2_grpc.SchedulerServiceStub(channel)}
-        assert await SchedulerRouter(stubs).served_dtype() == ""
+        async with started(SchedulerRouter(stubs, "fe")) as router:
+            await asyncio.sleep(0.3)
+            assert router.served_dtype() == "" and not router.any_answering()
     finally:
         await channel.close()

@@ -229,21 +229,27 @@ async def test_refused_suffix_and_then_a_normal_request(clients: Clients) -> Non
     assert (await clients.frontend_info()).num_live_requests == 0
 
 
-async def test_a_duplicate_in_flight_rid_is_already_exists(clients: Clients) -> None:
+async def test_a_client_id_in_flight_twice_is_two_requests_each_echoing_it(
+    clients: Clients,
+) -> None:
+    """The client's id is a label, not a key: both requests run, each gets its own text
+    (equal to a solo greedy run of its prompt) and its response id echoes the label."""
     await clients.wait_until(clients.is_idle)
-    before = await abort_count(clients)
-    first = clients.frontend.ChatCompletionStream(long_chat(request_id="dup-rid"))
-    await wait_running(clients)
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await clients.frontend.ChatCompletion(long_chat(request_id="dup-rid"))
-    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
-    # Refused before dispatch: nothing to abort, the first request untouched.
-    assert (await clients.frontend_info()).num_live_requests == 1
-    assert await abort_count(clients) == before
-    await wait_running(clients)
-    first.cancel()
+    greedy = {"temperature": 0.0, "max_tokens": 6}
+    prompts = ["Say one thing.", "Say something else entirely."]
+    solo = [
+        (await clients.frontend.ChatCompletion(chat(p, sampling=greedy))).choices[0].message
+        for p in prompts
+    ]
+    both = await asyncio.gather(
+        *(
+            clients.frontend.ChatCompletion(chat(p, sampling=greedy, request_id="same"))
+            for p in prompts
+        )
+    )
+    assert [r.choices[0].message.content for r in both] == [m.content for m in solo]
+    assert [r.id for r in both] == ["chatcmpl-same", "chatcmpl-same"]
     await clients.wait_until(clients.is_idle)
-    assert await abort_count(clients) == before + 1
 
 
 # ---- dynamic batch tokenization ------------------------------------------------------

@@ -9,6 +9,7 @@ tests/frontend/test_server.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
@@ -21,7 +22,7 @@ from tokenline.v1 import (
     scheduler_pb2_grpc,
 )
 
-from services.common.errors import AlreadyExistsError, RequestAbortedError, UnavailableError
+from services.common.errors import AlreadyExistsError, UnavailableError
 from services.common.sampling_params import SamplingParams
 from services.frontend.tokenizer_manager import TokenizedRequest, TokenizerManager
 
@@ -32,6 +33,13 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.add_delay = 0.0
         self.refuse: set[str] = set()
         self.on_add = None
+        self.lease_ended = asyncio.Event()  # set it to end the manager's lease
+
+    async def Attach(self, request, context):  # noqa: N802
+        while not self.lease_ended.is_set():
+            await context.write(scheduler_pb2.SchedulerBeat(info=scheduler_pb2.SchedulerInfo()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.lease_ended.wait(), 0.05)
 
     async def AddRequest(self, request, context):  # noqa: N802
         await asyncio.sleep(self.add_delay)
@@ -90,7 +98,7 @@ async def harness() -> AsyncIterator[Harness]:
     h = Harness()
     await h.server.start()
     h.manager.start()
-    await asyncio.wait_for(h.manager.subscribed.wait(), 10)
+    await eventually(lambda: h.manager.can_serve, timeout=10)  # subscribed and leased
     yield h
     await h.manager.close()
     await h.server.stop(None)
@@ -210,7 +218,25 @@ async def test_a_scheduler_abort_row_ends_the_request_without_an_abort_back(
         harness.detokenizer.queue.put_nowait(detokenizer_pb2.BatchStrOutput(rows=[row]))
 
     harness.scheduler.on_add = play
-    with pytest.raises(RequestAbortedError, match="evicted"):
-        await harness.consume("r1")
+    ((index, row),) = await harness.consume("r1")  # a finish, not an error
+    assert index == 0 and row.finish_reason.kind == common_pb2.FinishReason.KIND_ABORT
+    assert row.finish_reason.message == "evicted"
     await asyncio.sleep(0.2)
     assert harness.scheduler.aborts() == []
+
+
+async def test_losing_the_scheduler_lease_fails_its_requests_at_once(harness: Harness) -> None:
+    task = asyncio.create_task(harness.consume("r1"))
+    await added(harness, "r1")
+    harness.scheduler.lease_ended.set()  # the scheduler aborts this frontend's requests
+    with pytest.raises(UnavailableError, match="unavailable"):
+        await asyncio.wait_for(task, 2.0)
+    assert len(harness.manager.table) == 0
+    assert not harness.manager.can_serve  # no lease, no readiness
+    harness.scheduler.lease_ended.clear()
+    await eventually(lambda: harness.manager.can_serve)  # the router attaches again
+
+
+async def test_rids_are_unique_and_name_their_frontend(harness: Harness) -> None:
+    rids = [harness.manager.new_rid() for _ in range(1000)]
+    assert len(set(rids)) == 1000 and all(r.startswith("fe-test-") for r in rids)

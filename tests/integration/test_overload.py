@@ -29,7 +29,7 @@ def stack(
 
 
 def test_a_full_scheduler_gives_429_with_retry_after_and_serves_again(stack: LocalStack) -> None:
-    url = f"{stack.base_url}/chat/completions"
+    url = f"{stack.base_url}/chat/completions"  # streams below hold the scheduler full
     body = {
         "model": "tokenline-tiny",
         "messages": [{"role": "user", "content": "hi"}],
@@ -44,10 +44,15 @@ def test_a_full_scheduler_gives_429_with_retry_after_and_serves_again(stack: Loc
             assert resp.status_code == 200
             readers.append(resp.iter_lines())
             assert next(readers[-1]).startswith("data: ")
-        refused = http.post(url, json=body)
-        assert refused.status_code == 429
-        assert refused.headers["retry-after"] == "1"
-        assert refused.json()["error"]["type"] == "rate_limit_error"
+        # A refused stream gets its status before any SSE byte: the chat role chunk and
+        # the completions echo wait until every choice is accepted.
+        echo = {"model": body["model"], "prompt": "hi", "echo": True, "stream": True}
+        for path, refused_body in (("chat/completions", body), ("completions", echo)):
+            refused = http.post(f"{stack.base_url}/{path}", json=refused_body)
+            assert refused.status_code == 429, path
+            assert refused.headers["retry-after"] == "1"
+            assert refused.headers["content-type"].startswith("application/json")
+            assert refused.json()["error"]["type"] == "rate_limit_error"
     # The streams above were closed, which aborts them; the slots come back within 2 s.
     unary = body | {"stream": False, "max_tokens": 4}
     deadline = time.monotonic() + 2.0

@@ -1,4 +1,5 @@
-"""The scheduler's gRPC shell over a real engine thread: AddRequest, Abort, GetInfo."""
+"""The scheduler's gRPC shell over a real engine thread: AddRequest, Abort, GetInfo and
+the frontends' Attach leases."""
 
 from __future__ import annotations
 
@@ -34,18 +35,31 @@ async def stub(default_model_dir: Path) -> AsyncIterator[tuple]:
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     rows: list[OutputRow] = []
     drainer = asyncio.create_task(drain(outbox, rows))
-    yield scheduler_pb2_grpc.SchedulerServiceStub(channel), rows
+    client = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+    lease = await attach(client, "fe")
+    yield client, rows
+    lease.cancel()
     drainer.cancel()
     await channel.close()
     await server.stop(0)
     engine.stop()
 
 
-def request(rid: str, max_new_tokens: int) -> scheduler_pb2.TokenizedGenerateReqInput:
+def request(
+    rid: str, max_new_tokens: int, owner: str = "fe"
+) -> scheduler_pb2.TokenizedGenerateReqInput:
     params = common_pb2.SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     return scheduler_pb2.TokenizedGenerateReqInput(
-        rid=rid, input_ids=PROMPT, sampling_params=params
+        rid=rid, input_ids=PROMPT, sampling_params=params, reply_to=owner
     )
+
+
+async def attach(client, frontend_id: str):
+    """Open a lease as a frontend would; returns the call (cancel it to end the lease)
+    once the first beat arrived."""
+    call = client.Attach(scheduler_pb2.AttachRequest(frontend_id=frontend_id))
+    await call.read()
+    return call
 
 
 async def drain(outbox: queue.Queue[list[OutputRow]], rows: list[OutputRow]) -> None:
@@ -101,4 +115,34 @@ async def test_duplicate_abort_and_info(stub: tuple) -> None:
     assert snapshot.num_waiting == 0
     assert (
         snapshot.num_free_kv_tokens + snapshot.num_cached_kv_tokens == snapshot.num_total_kv_tokens
+    )
+
+
+async def test_a_request_needs_its_frontends_lease(stub: tuple) -> None:
+    client, _ = stub
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await client.AddRequest(request("stray", 4, owner="fe-without-lease"))
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "fe-without-lease" in info.value.details()
+
+
+async def test_a_lease_ending_aborts_that_frontends_requests_only(stub: tuple) -> None:
+    client, rows = stub
+    other = await attach(client, "fe-2")
+    await client.AddRequest(request("mine-running", 10_000, owner="fe-2"))
+    await client.AddRequest(request("mine-waiting", 10_000, owner="fe-2"))
+    await client.AddRequest(request("theirs", 4))  # from "fe", whose lease stays
+    beat = await other.read()
+    while beat.num_accepted < 2:
+        beat = await other.read()
+    assert beat.num_accepted == 2 and beat.info.model == "tokenline-tiny"
+    other.cancel()  # fe-2 goes away
+    await wait_for_finishes(rows, {"mine-running", "mine-waiting", "theirs"})
+    finishes = {r.rid: r.finish for r in rows if r.finish}
+    assert finishes["mine-running"].kind == finishes["mine-waiting"].kind == "abort"
+    assert "fe-2 went away" in finishes["mine-running"].message
+    assert finishes["theirs"].kind == "length"
+    snapshot = await info_when(client, lambda s: s.num_running == 0 and s.num_waiting == 0)
+    assert snapshot.num_free_kv_tokens + snapshot.num_cached_kv_tokens == (
+        snapshot.num_total_kv_tokens
     )

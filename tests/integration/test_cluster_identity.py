@@ -1,0 +1,160 @@
+"""Two frontends (each behind its own gateway), two schedulers, one detokenizer: the
+deploy files' shape. Rids are made by the frontends and unique across the cluster, so
+clients that pick the same id through different frontends each get their own text."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from tokenline.v1 import (
+    detokenizer_pb2,
+    detokenizer_pb2_grpc,
+    frontend_pb2,
+    frontend_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
+
+from services.launch import LocalStack, StackPorts
+from tests.live_stack import dump_logs
+
+NUM_PAIRS = 50
+NEAR_TIE = 1e-3  # logprob gap under which batched and solo float32 may pick differently
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[LocalStack]]:
+    """Stack a runs all four; stack b adds a scheduler, a frontend and a gateway that
+    share a's detokenizer. Both frontends route to both schedulers."""
+    ports_a = StackPorts.free()
+    ports_b = dataclasses.replace(StackPorts.free(), detokenizer=ports_a.detokenizer)
+    schedulers = f"127.0.0.1:{ports_a.scheduler},127.0.0.1:{ports_b.scheduler}"
+    args: dict[str, Any] = {
+        # float32: greedy choices stay the same in any batch but at near-ties.
+        "scheduler_args": ["--dtype", "float32", "--num-threads", "1"],
+        "frontend_args": ["--scheduler-addrs", schedulers],
+    }
+    log_dir = tmp_path_factory.mktemp("cluster-logs")
+    stacks = [
+        LocalStack(str(default_model_dir), ports, log_dir=log_dir / name, **args)
+        for name, ports in (("a", ports_a), ("b", ports_b))
+    ]
+    try:
+        stacks[0].start()
+        stacks[1].start(only=("scheduler", "frontend", "gateway"))
+        deadline = time.monotonic() + 30
+        while any(scheduler_info(s).num_frontends < 2 for s in stacks):
+            assert time.monotonic() < deadline, "frontends did not attach to both schedulers"
+            time.sleep(0.1)
+        yield stacks
+    except BaseException:
+        dump_logs(log_dir / "a")
+        dump_logs(log_dir / "b")
+        raise
+    finally:
+        for stack in stacks:
+            stack.stop()
+
+
+def scheduler_info(stack: LocalStack) -> scheduler_pb2.SchedulerInfo:
+    with grpc.insecure_channel(stack.addr("scheduler")) as channel:
+        return scheduler_pb2_grpc.SchedulerServiceStub(channel).GetInfo(
+            scheduler_pb2.ServerInfoRequest(), timeout=5
+        )
+
+
+def live_state(stacks: list[LocalStack]) -> list[int]:
+    """Requests held, per process, and KV tokens held by requests: all zero when idle."""
+    held = []
+    for stack in stacks:
+        with grpc.insecure_channel(stack.addr("frontend")) as channel:
+            info = frontend_pb2_grpc.FrontendServiceStub(channel).GetInfo(
+                frontend_pb2.FrontendInfoRequest(), timeout=5
+            )
+        held.append(info.num_live_requests)
+        sched = scheduler_info(stack)
+        held.append(sched.num_waiting + sched.num_running)
+        held.append(
+            sched.num_total_kv_tokens - sched.num_free_kv_tokens - sched.num_cached_kv_tokens
+        )
+    with grpc.insecure_channel(stacks[0].addr("detokenizer")) as channel:
+        detok = detokenizer_pb2_grpc.DetokenizerServiceStub(channel).GetInfo(
+            detokenizer_pb2.DetokenizerInfoRequest(), timeout=5
+        )
+    return [*held, detok.num_live_states, detok.num_duplicate_rids]
+
+
+async def chat(
+    http: httpx.AsyncClient, stack: LocalStack, prompt: str, request_id: str = ""
+) -> dict[str, Any]:
+    body = {
+        "model": "tokenline-tiny",
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": 0.0,
+        "max_tokens": 6,
+        "ignore_eos": True,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    headers = {"X-Request-Id": request_id} if request_id else {}
+    resp = await http.post(f"{stack.base_url}/chat/completions", json=body, headers=headers)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def assert_same_greedy_run(got: dict[str, Any], solo: dict[str, Any]) -> None:
+    """The same tokens as the solo run, or the same up to a near-tie in the solo run's
+    own logprobs (after which greedy runs legitimately part)."""
+    got_tokens = [t["token"] for t in got["choices"][0]["logprobs"]["content"]]
+    solo_steps = solo["choices"][0]["logprobs"]["content"]
+    for i, (token, step) in enumerate(zip(got_tokens, solo_steps, strict=True)):
+        if token != step["token"]:
+            top = [t["logprob"] for t in step["top_logprobs"]]
+            assert top[0] - top[1] < NEAR_TIE, f"token {i}: {token!r} != {step['token']!r}"
+            return
+    assert got["choices"][0]["message"] == solo["choices"][0]["message"]
+
+
+async def run_pairs(stacks: list[LocalStack]) -> None:
+    prompts = [
+        [f"Pair {i}, client {side}: say something." for side in "ab"] for i in range(NUM_PAIRS)
+    ]
+    async with httpx.AsyncClient(timeout=120) as http:
+        solo = [[await chat(http, stacks[0], p) for p in pair] for pair in prompts]
+        together = await asyncio.wait_for(
+            asyncio.gather(
+                *(
+                    chat(http, stack, prompt, request_id=f"pair-{i}")
+                    for i, pair in enumerate(prompts)
+                    for stack, prompt in zip(stacks, pair, strict=True)
+                )
+            ),
+            timeout=120,  # none hangs
+        )
+    for i in range(NUM_PAIRS):
+        for side in range(2):
+            got = together[2 * i + side]
+            assert got["id"] == f"chatcmpl-pair-{i}"  # the client's id, echoed
+            assert_same_greedy_run(got, solo[i][side])
+
+
+def test_same_request_id_through_two_frontends_each_gets_its_own_text(
+    cluster: list[LocalStack],
+) -> None:
+    before = [scheduler_info(s).num_running for s in cluster]
+    assert before == [0, 0]
+    asyncio.run(run_pairs(cluster))
+    deadline = time.monotonic() + 5
+    while (held := live_state(cluster)) != [0] * len(held):
+        assert time.monotonic() < deadline, f"state left live: {held}"
+        time.sleep(0.05)

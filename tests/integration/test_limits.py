@@ -1,0 +1,85 @@
+"""Limits on a small stack: the scheduler reports the context it enforces (here capped by
+a small KV pool) and the frontend refuses at the entry exactly what it could not serve; a
+request the detokenizer has no room for (one decode state here) ends with an ``abort``
+finish that says why, not a 500."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.launch import LocalStack
+from tests.live_stack import running_stack
+
+KV_TOKENS = 512  # far below the model's 4096 positions: the pool is the limit
+
+
+@pytest.fixture(scope="module")
+def stack(
+    default_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Iterator[LocalStack]:
+    with running_stack(
+        default_model_dir,
+        tmp_path_factory.mktemp("limits-logs"),
+        request,
+        scheduler_args=["--kv-cache-tokens", str(KV_TOKENS), "--num-threads", "1"],
+        detokenizer_args=["--max-decode-states", "1"],
+    ) as stack:
+        yield stack
+
+
+def completion(stack: LocalStack, prompt: str, **fields: object) -> httpx.Response:
+    body = {"model": "tokenline-tiny", "prompt": prompt, **fields}
+    return httpx.post(f"{stack.base_url}/completions", json=body, timeout=60)
+
+
+def test_the_frontend_refuses_what_the_scheduler_could_not_hold(stack: LocalStack) -> None:
+    tokenized = httpx.post(
+        f"http://{stack.host}:{stack.ports.gateway}/v1/tokenize",
+        json={"model": "tokenline-tiny", "prompt": "word " * 600},
+        timeout=30,
+    ).json()
+    assert tokenized["max_model_len"] == KV_TOKENS
+    assert tokenized["count"] > KV_TOKENS
+
+    too_long = completion(stack, "word " * 600, max_tokens=1)
+    assert too_long.status_code == 400
+    assert too_long.json()["error"]["param"] == "prompt"
+    too_much = completion(stack, "word " * 100, max_tokens=KV_TOKENS)
+    assert too_much.status_code == 400 and too_much.json()["error"]["param"] == "max_tokens"
+
+    fits = completion(stack, "word " * 100, max_tokens=8, ignore_eos=True)
+    assert fits.status_code == 200, fits.text
+    assert fits.json()["usage"]["completion_tokens"] == 8
+    served_default = completion(stack, "word " * 100, ignore_eos=True)  # as many as fit
+    usage = served_default.json()["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == KV_TOKENS
+
+
+def test_a_request_the_detokenizer_refuses_finishes_with_abort_and_its_reason(
+    stack: LocalStack,
+) -> None:
+    url = f"{stack.base_url}/chat/completions"
+    body = {
+        "model": "tokenline-tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 300,
+        "ignore_eos": True,
+    }
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream("POST", url, json=body | {"stream": True}) as first,
+    ):
+        lines = first.iter_lines()  # held: dropping it would cancel the stream
+        while '"content"' not in next(lines):  # decoding: it holds the one state
+            pass
+        second = http.post(url, json=body | {"max_tokens": 4})
+        assert second.status_code == 200, second.text
+        choice = second.json()["choices"][0]
+        assert choice["finish_reason"] == "abort"
+        assert "--max-decode-states" in choice["stop_reason"]
