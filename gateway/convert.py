@@ -8,6 +8,7 @@ frontend, so the gateway forwards what the client said and nothing more.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -74,7 +75,49 @@ def _sampling(body: SharedRequestBody) -> openai_pb2.OpenAISampling:
     with _field("logit_bias"):
         for token_id, bias in (body.logit_bias or {}).items():
             out.logit_bias[int(token_id)] = bias
+    _structured_output_into(out, body)
     return out
+
+
+def schema_text(schema: str | dict[str, Any]) -> str:
+    """A schema as JSON text; an object keeps its key order (properties are generated
+    in schema order)."""
+    return schema if isinstance(schema, str) else json.dumps(schema, ensure_ascii=False)
+
+
+def _choices(choices: list[str], param: str) -> list[str]:
+    if not choices:
+        raise GatewayError(400, f"{param}: must not be empty", param=param, code="invalid_value")
+    return choices
+
+
+def _structured_output_into(out: openai_pb2.OpenAISampling, body: SharedRequestBody) -> None:
+    """Each form as the client sent it; the frontend picks (and checks) the grammar."""
+    fmt = body.response_format
+    if fmt is not None:
+        out.response_format.type = fmt.type
+        if fmt.json_schema is not None:
+            spec = out.response_format.json_schema
+            spec.name = fmt.json_schema.name
+            spec.description = fmt.json_schema.description or ""
+            if fmt.json_schema.schema_ is not None:
+                spec.schema_json = schema_text(fmt.json_schema.schema_)
+            if fmt.json_schema.strict is not None:
+                spec.strict = fmt.json_schema.strict
+    so = body.structured_outputs
+    if so is not None:
+        target = out.structured_outputs
+        target.SetInParent()
+        if so.json_ is not None:
+            target.json = schema_text(so.json_)
+        _set_present(target, so, ("regex", "grammar", "json_object"))
+        if so.choice is not None:
+            target.choice.extend(_choices(so.choice, "structured_outputs.choice"))
+    if body.guided_json is not None:
+        out.guided_json = schema_text(body.guided_json)
+    _set_present(out, body, ("guided_regex", "guided_grammar"))
+    if body.guided_choice is not None:
+        out.guided_choice.extend(_choices(body.guided_choice, "guided_choice"))
 
 
 def _stream_options(body: SharedRequestBody) -> openai_pb2.StreamOptions | None:
@@ -198,6 +241,8 @@ def _generate_json(body: GenerateBody, request_id: str) -> dict[str, Any]:
     sampling = data.get("sampling_params", {})
     if isinstance(sampling.get("stop"), str):
         sampling["stop"] = [sampling["stop"]]
+    if "json_schema" in sampling:
+        sampling["json_schema"] = schema_text(sampling["json_schema"])
     logprob = data.setdefault("logprob", {})
     if body.return_logprob is not None:
         logprob["return_logprob"] = body.return_logprob

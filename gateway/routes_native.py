@@ -12,6 +12,7 @@ from tokenline.v1 import common_pb2, frontend_pb2, generate_pb2
 from gateway.client import FrontendClient, until_disconnected
 from gateway.convert import detokenize_request_to_proto, generate_request_to_proto
 from gateway.errors import error_body
+from gateway.extra_fields import check_extra_fields
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import BODY_ERRORS, GENERATION_ERRORS, error_responses, responses
 from gateway.render import generate_to_dict
@@ -42,6 +43,7 @@ HEALTH_GENERATE_TIMEOUT_S = 10.0
 async def generate(body: GenerateBody, request: Request) -> Response:
     """`GenerateReqInput` in, `GenerateResponse` out as proto JSON (SSE when streaming)."""
     client: FrontendClient = request.state.frontend
+    check_extra_fields(body)
     proto = generate_request_to_proto(body, request.state.request_id)
     options = client.options(request.state.request_id)
     if proto.stream:
@@ -60,6 +62,7 @@ async def generate(body: GenerateBody, request: Request) -> Response:
 )
 async def tokenize(body: TokenizeBody, request: Request) -> dict[str, Any]:
     """Token ids of `prompt` with the served model's tokenizer."""
+    check_extra_fields(body)
     client: FrontendClient = request.state.frontend
     proto = frontend_pb2.TokenizeRequest(
         model=body.model, prompt=body.prompt, add_special_tokens=body.add_special_tokens
@@ -81,6 +84,7 @@ async def tokenize(body: TokenizeBody, request: Request) -> dict[str, Any]:
 )
 async def detokenize(body: DetokenizeBody, request: Request) -> dict[str, Any]:
     """Text of `tokens` with the served model's tokenizer."""
+    check_extra_fields(body)
     client: FrontendClient = request.state.frontend
     proto = detokenize_request_to_proto(body)
     call = client.stub.Detokenize(proto, **client.options(request.state.request_id))

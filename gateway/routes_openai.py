@@ -12,6 +12,7 @@ from tokenline.v1 import frontend_pb2, openai_pb2
 from gateway.client import FrontendClient, until_disconnected
 from gateway.convert import chat_request_to_proto, completion_request_to_proto
 from gateway.errors import GatewayError
+from gateway.extra_fields import check_extra_fields
 from gateway.openapi import GENERATION_ERRORS, READ_ERRORS, responses
 from gateway.render import (
     chat_chunk_to_dict,
@@ -50,6 +51,7 @@ async def chat_completions(body: ChatCompletionBody, request: Request) -> Respon
     """Chat completion; `stream: true` answers with SSE `chat.completion.chunk` frames."""
     client: FrontendClient = request.state.frontend
     rid: str = request.state.request_id
+    check_extra_fields(body)
     proto = chat_request_to_proto(body, rid)
     debug = _wants_debug(request)
     if body.stream:
@@ -77,6 +79,7 @@ async def completions(body: CompletionBody, request: Request) -> Response:
     """Text completion; `stream: true` answers with SSE `text_completion` frames."""
     client: FrontendClient = request.state.frontend
     rid: str = request.state.request_id
+    check_extra_fields(body)
     proto = completion_request_to_proto(body, rid)
     render = partial(
         completion_to_dict,

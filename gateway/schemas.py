@@ -1,8 +1,9 @@
 """Request bodies as the gateway accepts them (they drive /openapi.json).
 
 Types are checked here (a wrong type is a 400 naming the field); value ranges are
-the frontend's job, so the rules live in one place. Unknown fields are accepted
-and ignored, as OpenAI-compatible servers do.
+the frontend's job, so the rules live in one place. Fields not declared here are kept
+aside (``model_extra``) for ``gateway/extra_fields.py``, which accepts harmless
+metadata and refuses the rest by name.
 """
 
 from __future__ import annotations
@@ -59,6 +60,30 @@ class StreamOptionsBody(_Body):
     continuous_usage_stats: bool = False
 
 
+class JsonSchemaBody(_Body):
+    name: str = ""
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="a JSON Schema")
+    strict: bool | None = Field(
+        None, description="accepted either way: the output always follows the schema"
+    )
+
+
+class ResponseFormatBody(_Body):
+    type: str = Field(description='"text" | "json_object" | "json_schema"')
+    json_schema: JsonSchemaBody | None = None
+
+
+class StructuredOutputsBody(_Body):
+    """vLLM's ``structured_outputs``: one member at most."""
+
+    json_: str | dict[str, Any] | None = Field(None, alias="json", description="a JSON Schema")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = Field(None, description="EBNF (xgrammar / GBNF)")
+    json_object: bool | None = None
+
+
 class SharedRequestBody(_Body):
     """What chat and completions share: sampling (OpenAI + vLLM/SGLang extras), streaming."""
 
@@ -83,6 +108,13 @@ class SharedRequestBody(_Body):
     stream: bool = False
     stream_options: StreamOptionsBody | None = None
     user: str | None = None
+    # Structured output: at most one of these (see the README's table).
+    response_format: ResponseFormatBody | None = None
+    structured_outputs: StructuredOutputsBody | None = None
+    guided_json: str | dict[str, Any] | None = Field(None, description="vLLM: a JSON Schema")
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = Field(None, description="vLLM: EBNF")
 
 
 class ChatCompletionBody(SharedRequestBody):
@@ -129,6 +161,10 @@ class GenerateSamplingBody(_Body):
     seed: int | None = None
     n: int | None = None
     logit_bias: dict[str, float] | None = None
+    # SGLang's structured output: at most one.
+    json_schema: str | dict[str, Any] | None = Field(None, description="a JSON Schema")
+    regex: str | None = None
+    ebnf: str | None = Field(None, description="EBNF (xgrammar / GBNF)")
 
 
 class TokenIdsBody(_Body):

@@ -9,6 +9,7 @@ scheduler never re-derives a default.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Literal
 
 from tokenline.v1 import common_pb2
 
@@ -16,6 +17,18 @@ from services.common.errors import InvalidArgumentError
 
 TOP_K_DISABLED = -1
 DEFAULT_MAX_NEW_TOKENS = 128
+
+GrammarKind = Literal["json_schema", "regex", "ebnf"]
+GRAMMAR_FIELDS: tuple[GrammarKind, ...] = ("json_schema", "regex", "ebnf")
+MAX_GRAMMAR_CHARS = 256 * 1024  # a grammar's text; compile time grows with it
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    """What a request's output must match: hashable, so it keys every compile cache."""
+
+    kind: GrammarKind
+    text: str
 
 
 @dataclass(slots=True)
@@ -38,10 +51,24 @@ class SamplingParams:
     seed: int | None = None
     n: int = 1
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # Grammar-constrained decoding (at most one; see ``grammar``).
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def grammar(self) -> GrammarSpec | None:
+        """The grammar the output must match; None when unconstrained (or, before
+        ``validate``, when more than one is set: the first)."""
+        for kind in GRAMMAR_FIELDS:
+            text = getattr(self, kind)
+            if text is not None:
+                return GrammarSpec(kind, text)
+        return None
 
     @classmethod
     def from_pb(cls, pb: common_pb2.SamplingParams) -> SamplingParams:
@@ -88,6 +115,7 @@ class SamplingParams:
         for name, ok, why in checks:
             if not ok:
                 raise InvalidArgumentError(f"{why}, got {getattr_alias(self, name)!r}", field=name)
+        self._validate_grammar()
         for token_id in [*self.stop_token_ids, *self.logit_bias]:
             if not 0 <= token_id < vocab_size:
                 raise InvalidArgumentError(
@@ -98,6 +126,26 @@ class SamplingParams:
             if not -100.0 <= bias <= 100.0:
                 raise InvalidArgumentError(
                     f"bias for token {token_id} must be in [-100, 100]", field="logit_bias"
+                )
+
+    def _validate_grammar(self) -> None:
+        """One grammar at most, not empty, bounded. min_tokens is refused beside a grammar:
+        it would mask the very stop token a completed grammar allows, leaving no token."""
+        given = [kind for kind in GRAMMAR_FIELDS if getattr(self, kind) is not None]
+        if len(given) > 1:
+            raise InvalidArgumentError(f"set at most one of {', '.join(given)}", field=given[1])
+        for kind in given:
+            text = getattr(self, kind)
+            if not text.strip():
+                raise InvalidArgumentError("must not be empty", field=kind)
+            if len(text) > MAX_GRAMMAR_CHARS:
+                raise InvalidArgumentError(
+                    f"{len(text)} characters; at most {MAX_GRAMMAR_CHARS}", field=kind
+                )
+            if self.min_new_tokens > 0:
+                raise InvalidArgumentError(
+                    "cannot be combined with a grammar (the grammar decides where the output ends)",
+                    field="min_tokens",
                 )
 
 

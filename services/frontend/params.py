@@ -17,6 +17,7 @@ from tokenline.v1 import common_pb2, openai_pb2
 from services.common.errors import InvalidArgumentError
 from services.common.sampling_params import SamplingParams
 from services.frontend.limits import ModelLimits
+from services.frontend.structured_output import apply_openai_structured_output
 
 _SAME_NAME = (
     "temperature",
@@ -57,7 +58,8 @@ class FittedPrompt:
 def params_from_openai(
     sampling: openai_pb2.OpenAISampling, max_completion_tokens: int | None = None
 ) -> RequestedParams:
-    """OpenAI fields; ``max_completion_tokens`` wins over ``max_tokens`` when both are set."""
+    """OpenAI fields; ``max_completion_tokens`` wins over ``max_tokens`` when both are set.
+    Structured output (response_format, structured_outputs, guided_*) becomes the grammar."""
     params = SamplingParams()
     for name in _SAME_NAME:
         if sampling.HasField(name):
@@ -72,7 +74,9 @@ def params_from_openai(
     params.stop = list(sampling.stop)
     params.stop_token_ids = list(sampling.stop_token_ids)
     params.logit_bias = dict(sampling.logit_bias)
-    return RequestedParams(params, limit_field, {"max_tokens": limit_field or "max_tokens"})
+    aliases = {"max_tokens": limit_field or "max_tokens"}
+    apply_openai_structured_output(params, aliases, sampling)
+    return RequestedParams(params, limit_field, aliases)
 
 
 def params_from_native(pb: common_pb2.SamplingParams) -> RequestedParams:

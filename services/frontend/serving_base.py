@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from services.frontend.chat_template import ChatTemplate
 from services.frontend.limits import ModelLimits
 from services.frontend.output import ChoiceAccumulator, LogprobFormatter
 from services.frontend.params import FittedPrompt, RequestedParams, fit_prompt
+from services.frontend.structured_output import GrammarChecker
 from services.frontend.tokenizer_manager import TokenizedRequest, TokenizerManager
 
 logger = logging.getLogger(__name__)
@@ -41,6 +43,12 @@ class ServingContext:
     model_name: str
     chat_template: ChatTemplate | None = None
 
+    def current_limits(self) -> ModelLimits:
+        """The model's limits with the context length the leased schedulers enforce, so a
+        request is refused here exactly when no scheduler could serve it."""
+        return self.limits.served_by(self.manager.router.context_length())
+    grammars: GrammarChecker = dataclasses.field(default_factory=GrammarChecker)
+
 
 @dataclass(slots=True)
 class LogprobRequest:
@@ -57,12 +65,17 @@ class ServingBase:
         self.ctx = ctx
         self.tokenizer = ctx.tokenizer
         self.manager = ctx.manager
-        self.limits = ctx.limits
         self.model_name = ctx.model_name
         self.logprobs = LogprobFormatter(ctx.tokenizer)
 
+    @property
+    def limits(self) -> ModelLimits:
+        return self.ctx.current_limits()
+
     @staticmethod
-    def new_rid(request_id: str) -> str:
+    def new_label(request_id: str) -> str:
+        """The client's id for the response (``chatcmpl-<label>``), or a fresh one. Two
+        requests may bring the same: it is echoed and logged, never a key."""
         return request_id or uuid.uuid4().hex
 
     @staticmethod
@@ -96,22 +109,23 @@ class ServingBase:
 
     def build_requests(
         self,
-        rid: str,
+        label: str,
         requested: RequestedParams,
         id_lists: list[list[int]],
         prompt_field: str,
         logprob: LogprobRequest,
         times: common_pb2.StageTimes,
     ) -> list[TokenizedRequest]:
-        """Fit every prompt first (all or nothing), then one request per prompt and choice."""
+        """Fit every prompt first (all or nothing), then one request per prompt and choice,
+        each with a rid of its own."""
         fitted = [fit_prompt(requested, ids, self.limits, prompt_field) for ids in id_lists]
         batched = len(fitted) > 1
         reqs: list[TokenizedRequest] = []
         for j, prompt in enumerate(fitted):
-            prompt_rid = f"{rid}-{j}" if batched else rid
+            prompt_label = f"{label}-{j}" if batched else label
             if prompt.num_truncated:
-                logger.info("rid=%s prompt cut by %d tokens", prompt_rid, prompt.num_truncated)
-            reqs += fan_out(prompt_rid, prompt, logprob, times)
+                logger.info("%s: prompt cut by %d tokens", prompt_label, prompt.num_truncated)
+            reqs += fan_out(self.manager.new_rid, prompt_label, prompt, logprob, times)
         return reqs
 
     async def collect(self, reqs: list[TokenizedRequest]) -> list[ChoiceAccumulator]:
@@ -132,19 +146,29 @@ class ServingBase:
 
 
 def fan_out(
-    rid: str, prompt: FittedPrompt, logprob: LogprobRequest, times: common_pb2.StageTimes
+    new_rid: Callable[[], str],
+    label: str,
+    prompt: FittedPrompt,
+    logprob: LogprobRequest,
+    times: common_pb2.StageTimes,
 ) -> list[TokenizedRequest]:
-    """One scheduler request per choice: ``rid`` alone, or ``<rid>-<i>`` when n > 1;
-    a seeded request gives choice i the seed ``seed + i`` so choices differ."""
+    """One scheduler request per choice, each with a fresh rid and the label ``label``
+    (``<label>-<i>`` when n > 1); a seeded request gives choice i the seed ``seed + i``
+    so choices differ."""
     params = prompt.params
     reqs = []
     for i in range(params.n):
         seed = None if params.seed is None else (params.seed + i) % 2**63
         choice = dataclasses.replace(params, n=1, seed=seed)
-        choice_rid = rid if params.n == 1 else f"{rid}-{i}"
         reqs.append(
             TokenizedRequest(
-                choice_rid, prompt.input_ids, choice, logprob.enabled, logprob.top, times
+                new_rid(),
+                prompt.input_ids,
+                choice,
+                logprob.enabled,
+                logprob.top,
+                times,
+                label=label if params.n == 1 else f"{label}-{i}",
             )
         )
     return reqs

@@ -20,7 +20,7 @@ from services.frontend.tokenizer_manager import TokenizedRequest
 
 @dataclass(slots=True)
 class PreparedChat:
-    rid: str
+    label: str  # the client's id: the response id is chatcmpl-<label>
     reqs: list[TokenizedRequest]
     logprob: LogprobRequest
 
@@ -33,14 +33,15 @@ class ChatServing(ServingBase):
         )
         requested = params_from_openai(request.sampling, max_completion)
         check_sampling(requested, self.limits)
+        await self.ctx.grammars.check(requested.params, requested.aliases)
         top = request.top_logprobs if request.HasField("top_logprobs") else 0
         logprob = LogprobRequest(request.logprobs, top)
         self.check_logprobs(logprob)
         template = self._template()
         ids = await self._tokenize(template, chat_input(request, template.content_format), times)
-        rid = self.new_rid(request.request_id)
-        reqs = self.build_requests(rid, requested, [ids], "messages", logprob, times)
-        return PreparedChat(rid, reqs, logprob)
+        label = self.new_label(request.request_id)
+        reqs = self.build_requests(label, requested, [ids], "messages", logprob, times)
+        return PreparedChat(label, reqs, logprob)
 
     def _template(self) -> ChatTemplate:
         if self.ctx.chat_template is None:
@@ -67,7 +68,7 @@ class ChatServing(ServingBase):
         prep = await self.prepare(request)
         accs = await self.collect(prep.reqs)
         response = openai_pb2.ChatCompletion(
-            id=f"chatcmpl-{prep.rid}",
+            id=f"chatcmpl-{prep.label}",
             object="chat.completion",
             created=int(time.time()),
             model=self.model_name,
@@ -88,7 +89,7 @@ class ChatServing(ServingBase):
         self, request: openai_pb2.ChatCompletionRequest
     ) -> AsyncIterator[openai_pb2.ChatCompletionChunk]:
         prep = await self.prepare(request)
-        chunks = _ChunkMaker(prep.rid, self.model_name, int(time.time()))
+        chunks = _ChunkMaker(prep.label, self.model_name, int(time.time()))
         include_usage = request.stream_options.include_usage
         # vLLM's rule: per-chunk usage only when usage was asked for at all.
         continuous = include_usage and request.stream_options.continuous_usage_stats
@@ -118,7 +119,7 @@ class ChatServing(ServingBase):
 
 @dataclass(frozen=True, slots=True)
 class _ChunkMaker:
-    rid: str
+    label: str
     model: str
     created: int
 
@@ -126,7 +127,7 @@ class _ChunkMaker:
         self, usage: openai_pb2.CompletionUsage | None = None
     ) -> openai_pb2.ChatCompletionChunk:
         chunk = openai_pb2.ChatCompletionChunk(
-            id=f"chatcmpl-{self.rid}",
+            id=f"chatcmpl-{self.label}",
             object="chat.completion.chunk",
             created=self.created,
             model=self.model,

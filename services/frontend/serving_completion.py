@@ -21,7 +21,7 @@ from services.frontend.tokenizer_manager import TokenizedRequest
 
 @dataclass(slots=True)
 class PreparedCompletion:
-    rid: str
+    label: str  # the client's id: the response id is cmpl-<label>
     reqs: list[TokenizedRequest]
     prompts: list[str]  # each prompt's text (for echo; empty strings otherwise)
     num_prompt_tokens: int
@@ -43,6 +43,7 @@ class CompletionServing(ServingBase):
             )
         requested = params_from_openai(request.sampling)
         check_sampling(requested, self.limits)
+        await self.ctx.grammars.check(requested.params, requested.aliases)
         logprob = LogprobRequest(request.HasField("logprobs"), request.logprobs)
         self.check_logprobs(logprob, field="logprobs")
         times.templated = times.received  # no template stage
@@ -52,11 +53,11 @@ class CompletionServing(ServingBase):
             id_lists = [list(t.ids) for t in request.prompt_token_ids]
             self.check_id_lists(id_lists, "prompt")
         times.tokenized = time.time()
-        rid = self.new_rid(request.request_id)
-        reqs = self.build_requests(rid, requested, id_lists, "prompt", logprob, times)
+        label = self.new_label(request.request_id)
+        reqs = self.build_requests(label, requested, id_lists, "prompt", logprob, times)
         prompts = self._echo_texts(request, reqs, len(id_lists))
         num_prompt = sum(len(r.input_ids) for r in reqs[:: len(reqs) // len(id_lists)])
-        return PreparedCompletion(rid, reqs, prompts, num_prompt, logprob)
+        return PreparedCompletion(label, reqs, prompts, num_prompt, logprob)
 
     def _echo_texts(
         self, request: openai_pb2.CompletionRequest, reqs: list[TokenizedRequest], num: int
@@ -66,13 +67,13 @@ class CompletionServing(ServingBase):
         if request.prompts:
             return list(request.prompts)
         n = len(reqs) // num
-        return [self.tokenizer.decode(reqs[j * n].input_ids) for j in range(num)]
+        return [str(self.tokenizer.decode(reqs[j * n].input_ids)) for j in range(num)]
 
     async def complete(self, request: openai_pb2.CompletionRequest) -> openai_pb2.Completion:
         prep = await self.prepare(request)
         accs = await self.collect(prep.reqs)
         response = openai_pb2.Completion(
-            id=f"cmpl-{prep.rid}",
+            id=f"cmpl-{prep.label}",
             object="text_completion",
             created=int(time.time()),
             model=self.model_name,
@@ -94,7 +95,7 @@ class CompletionServing(ServingBase):
         self, request: openai_pb2.CompletionRequest
     ) -> AsyncIterator[openai_pb2.CompletionChunk]:
         prep = await self.prepare(request)
-        make = _chunk_maker(prep.rid, self.model_name, int(time.time()))
+        make = _chunk_maker(prep.label, self.model_name, int(time.time()))
         include_usage = request.stream_options.include_usage
         continuous = include_usage and request.stream_options.continuous_usage_stats
         accs = [ChoiceAccumulator() for _ in prep.reqs]
@@ -141,10 +142,10 @@ class CompletionServing(ServingBase):
         )
 
 
-def _chunk_maker(rid: str, model: str, created: int) -> Callable[[], openai_pb2.CompletionChunk]:
+def _chunk_maker(label: str, model: str, created: int) -> Callable[[], openai_pb2.CompletionChunk]:
     def make() -> openai_pb2.CompletionChunk:
         return openai_pb2.CompletionChunk(
-            id=f"cmpl-{rid}", object="text_completion", created=created, model=model
+            id=f"cmpl-{label}", object="text_completion", created=created, model=model
         )
 
     return make

@@ -1,7 +1,8 @@
 """The native generate API: text or ids, single or batch, results in input order.
 
-Output ``index`` ``j * n + i`` is choice i of input j; batch element j has the
-rid ``<rid>-<j>`` (``<rid>-<j>-<i>`` with n > 1).
+Output ``index`` ``j * n + i`` is choice i of input j; its ``rid`` echoes the
+client's: ``<rid>-<j>`` for batch element j (``<rid>-<j>-<i>`` with n > 1). Inside
+the cluster each choice has a frontend-made rid of its own.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class GenerateServing(ServingBase):
             raise InvalidArgumentError("give text or input_ids, not both", field="text")
         requested = params_from_native(request.sampling_params)
         check_sampling(requested, self.limits)
+        await self.ctx.grammars.check(requested.params, requested.aliases)
         logprob = LogprobRequest(request.logprob.return_logprob, request.logprob.top_logprobs_num)
         self.check_logprobs(logprob, field="top_logprobs_num")
         times.templated = times.received  # no template stage
@@ -37,8 +39,8 @@ class GenerateServing(ServingBase):
             self.check_id_lists(id_lists, "input_ids")
             field = "input_ids"
         times.tokenized = time.time()
-        rid = self.new_rid(request.rid)
-        return self.build_requests(rid, requested, id_lists, field, logprob, times)
+        label = self.new_label(request.rid)
+        return self.build_requests(label, requested, id_lists, field, logprob, times)
 
     async def complete(
         self, request: generate_pb2.GenerateReqInput
@@ -46,7 +48,7 @@ class GenerateServing(ServingBase):
         reqs = await self.prepare(request)
         accs = await self.collect(reqs)
         outputs = [
-            _output(r.rid, i, acc) for i, (r, acc) in enumerate(zip(reqs, accs, strict=True))
+            _output(r.label, i, acc) for i, (r, acc) in enumerate(zip(reqs, accs, strict=True))
         ]
         return generate_pb2.GenerateResponse(outputs=outputs)
 
@@ -57,7 +59,7 @@ class GenerateServing(ServingBase):
         async with aclosing(self.manager.generate(reqs)) as rows:
             async for index, row in rows:
                 out = generate_pb2.GenerateOutput(
-                    rid=reqs[index].rid,
+                    rid=reqs[index].label,
                     index=index,
                     text=row.text,
                     output_ids=row.output_ids,

@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
@@ -27,6 +29,7 @@ from services.common.errors import (
     ResourceExhaustedError,
 )
 from services.scheduler.forward_batch import ForwardBatch
+from services.scheduler.grammar import GrammarCompiler, create_request_grammar
 from services.scheduler.kv_cache import KVCacheManager
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.config import ModelConfig
@@ -139,6 +142,10 @@ class Scheduler:
         self.config = config
         self.device = device
         self.sampler = Sampler(device, stop_checker.eos_token_ids)
+        self.grammars = GrammarCompiler(
+            stop_checker.tokenizer, model.config.vocab_size, stop_checker.eos_token_ids
+        )
+        self._compiling: list[Req] = []  # waiting requests whose grammar is not compiled yet
         self.waiting = WaitingQueue()
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
@@ -159,6 +166,10 @@ class Scheduler:
         if req.params.seed is not None:
             req.generator = torch.Generator(device=self.device)
             req.generator.manual_seed(req.params.seed)
+        spec = req.params.grammar
+        if spec is not None:  # compiled on the compiler's thread; scheduled once it is done
+            req.grammar = create_request_grammar(self.grammars, spec, req.params.stop_token_ids)
+            self._compiling.append(req)
         req.times.setdefault("queued", time.time())  # the RPC side stamps it on acceptance
         self.reqs[req.rid] = req
         self.waiting.push(req)
@@ -212,12 +223,33 @@ class Scheduler:
 
     @torch.inference_mode()
     def step(self) -> list[OutputRow]:
+        if self._compiling:
+            self._poll_grammars()
         plan = self._schedule()
         rows, self._pending_rows = self._pending_rows, []
         if plan.reqs:
             rows.extend(self._run(plan))
             self.num_steps += 1
+        elif self._compiling and not rows:
+            # Nothing runnable until a grammar compiles: wait for one rather than spin.
+            futures = [r.grammar.future for r in self._compiling if r.grammar is not None]
+            wait_futures(futures, timeout=0.01, return_when=FIRST_COMPLETED)
         return rows
+
+    def _poll_grammars(self) -> None:
+        """A request whose grammar has compiled may be scheduled; one whose grammar failed
+        ends with ``abort`` and the reason (the frontend checks grammars, so only another
+        gRPC client meets this)."""
+        compiling = []
+        for req in self._compiling:
+            grammar = req.grammar
+            if req.is_finished or grammar is None or grammar.poll():
+                continue
+            if grammar.error is not None:
+                self._end(req, FinishInfo("abort", message=grammar.error))
+            else:
+                compiling.append(req)
+        self._compiling = compiling
 
     def _schedule(self) -> StepPlan:
         plan = StepPlan(budget=self.config.max_num_batched_tokens)
@@ -282,7 +314,7 @@ class Scheduler:
         self.num_retractions += 1
         self.stats.num_preemptions += 1
         self.waiting.push(victim)
-        logger.info("retracted rid=%s to free KV", victim.rid)
+        logger.info("retracted rid=%s (label %s) to free KV", victim.rid, victim.label)
         return True
 
     def _schedule_waiting(self, plan: StepPlan) -> None:
@@ -290,6 +322,8 @@ class Scheduler:
         for req in self.waiting:
             if plan.budget <= 0 or len(self.running) >= self.config.max_running_requests:
                 return
+            if req.grammar is not None and req.grammar.matcher is None:
+                continue  # its grammar is still compiling
             if any(r.input_ids == req.input_ids for r in sharing):
                 continue  # wait for that prompt's KV to be cached, then share it
             if not self._admit(plan, req):
@@ -334,15 +368,18 @@ class Scheduler:
         batch = ForwardBatch.build(
             plan.chunks, plan.prefix_lens, [r.kv_slots for r in plan.reqs], self.device
         )
+        # The rows to sample are known once KV slots are planned: what the sampler needs
+        # beside the logits (grammar bitmasks) starts now and runs beside the forward.
+        rows = [i for i, r in enumerate(plan.reqs) if r.num_uncomputed == 0]
+        reqs = [plan.reqs[i] for i in rows]
+        self.sampler.prepare(reqs, self.model.config.vocab_size, torch.device(self.device))
         logits = self.model.forward(batch, self.kv_pool)
         self.stats.step_tokens.append(sum(map(len, plan.chunks)))
         for req, prefix_len in zip(plan.reqs, plan.prefix_lens, strict=True):
             if prefix_len < len(req.input_ids):
                 self.kv.cache_prefix(req)  # share the prompt as soon as it is computed
-        rows = [i for i, r in enumerate(plan.reqs) if r.num_uncomputed == 0]
         if not rows:
             return []
-        reqs = [plan.reqs[i] for i in rows]
         if len(rows) < len(plan.reqs):
             logits = logits[torch.tensor(rows, device=logits.device)]
         return self._commit(reqs, self.sampler.sample(logits, reqs))

@@ -1,8 +1,9 @@
 """Logit edits that depend on a request's history: penalties, logit_bias, min_tokens.
 
 Applied in place to the last-token logits of a batch, in this order (vLLM's):
-repetition penalty, frequency and presence penalties, logit_bias, then the
-min_tokens mask. Each touches only the rows of requests that asked for it, so a
+repetition penalty, frequency and presence penalties, logit_bias, the min_tokens
+mask, then each grammar's allowed-token mask (last, so nothing can re-allow a token
+the grammar forbids). Each touches only the rows of requests that asked for it, so a
 batch of plain requests pays nothing.
 """
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from services.common.sampling_params import SamplingParams
+from services.scheduler.grammar import GrammarMasker
 from services.scheduler.req import Req
 
 
@@ -48,17 +50,22 @@ class LogitsProcessor:
 
     def __init__(self, eos_token_ids: set[int] | frozenset[int] = frozenset()) -> None:
         self.eos_token_ids = sorted(eos_token_ids)
+        self.grammar_mask = GrammarMasker()
 
     def __call__(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         self._apply_penalties(logits, reqs)
         self._apply_logit_bias(logits, reqs)
         self._mask_stops_before_min_tokens(logits, reqs)
+        self.grammar_mask(logits, reqs)
 
     def record(self, reqs: Sequence[Req], token_ids: Sequence[int]) -> None:
-        """Count each request's newly sampled token for its later penalties."""
+        """Count each request's newly sampled token for its later penalties, and advance
+        its grammar by it."""
         for req, token in zip(reqs, token_ids, strict=True):
             if req.penalties is not None:
                 req.penalties.output_counts[token] += 1
+            if req.grammar is not None:
+                req.grammar.accept(token)
 
     def _apply_penalties(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         rows = [i for i, r in enumerate(reqs) if has_penalties(r.params)]

@@ -11,6 +11,7 @@ import torch
 from services.common.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from services.scheduler.grammar import RequestGrammar
     from services.scheduler.logits_processor import PenaltyState
     from services.scheduler.radix_cache import TreeNode
 
@@ -55,6 +56,7 @@ class Req:
     priority: int = 0
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    label: str = ""  # the client's own id, for logs only: ``rid`` is the key
 
     status: ReqStatus = ReqStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
@@ -73,6 +75,7 @@ class Req:
     sent_init: bool = False  # its first OutputRow (carrying the DecodeFlags) was made
     generator: torch.Generator | None = None
     penalties: PenaltyState | None = None
+    grammar: RequestGrammar | None = None  # set on arrival when the output must match one
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """``(input_ids + output_ids)[start:end]`` without building the whole list."""

@@ -28,6 +28,14 @@ CANDIDATE_CAP = 1024
 _BLOCK = 128  # entries per block of the two-stage inverse CDF over a whole vocabulary
 _NUM_BINS = 1024  # log-probability bins that locate a wide top-p nucleus's edge
 _TINY = torch.finfo(torch.float32).tiny
+# exp() of anything below about -87 (a float32 result that is denormal or 0, and -inf
+# from a grammar or min_tokens mask) leaves torch's fast vector path: 30 ms instead of
+# 3.5 ms for [32, 129280] of peaked logits on the AMD EPYC here. Clamping at _EXP_FLOOR
+# first keeps every exp on the fast path; a token below e^-80 of the top one (probability
+# under 1e-34) then weighs e^-80 instead, and rows with a hard mask subtract that weight
+# again so a forbidden token weighs exactly 0.
+_EXP_FLOOR = -80.0
+_EXP_FLOOR_WEIGHT = torch.tensor(_EXP_FLOOR).exp().item()
 
 
 @dataclass(slots=True)
@@ -124,6 +132,11 @@ class Sampler:
         self.candidate_cap = candidate_cap
         self._default_generator = torch.Generator(device=device)
         self._default_generator.seed()
+
+    def prepare(self, reqs: Sequence[Req], vocab_size: int, device: torch.device) -> None:
+        """Start what the next ``sample(logits, reqs)`` needs and the logits do not (the
+        grammar masks), so it runs beside the forward pass. Nothing when no row has one."""
+        self.processor.grammar_mask.prefetch(reqs, vocab_size, device)
 
     def sample(self, logits: torch.Tensor, reqs: Sequence[Req]) -> SampleOutput:
         """One token per row of ``logits`` (consumed: edited in place when float32)."""
@@ -232,10 +245,18 @@ def _dense_candidates(logits: torch.Tensor, reqs: Sequence[Req], rows: list[int]
     """
     temperatures = [reqs[i].params.temperature for i in rows]
     values = _over_temperature(_rows(logits, rows), temperatures, in_place=True)
-    values.sub_(values.amax(dim=-1, keepdim=True)).exp_()
+    values.sub_(values.amax(dim=-1, keepdim=True)).clamp_(min=_EXP_FLOOR).exp_()
+    if any(_has_hard_mask(reqs[i]) for i in rows):
+        values.sub_(_EXP_FLOOR_WEIGHT).clamp_(min=0.0)
     if any(reqs[i].params.min_p > 0.0 for i in rows):
         values.masked_fill_(values < _row_values(reqs, rows, "min_p", values.device), 0.0)
     return Candidates(rows, values, None)
+
+
+def _has_hard_mask(req: Req) -> bool:
+    """Some tokens are forbidden outright (-inf): by a grammar, or a stop token before
+    ``min_new_tokens``."""
+    return req.grammar is not None or len(req.output_ids) < req.params.min_new_tokens
 
 
 def _top_candidates(

@@ -12,7 +12,9 @@ _TAIL_SLACK_TOKENS = 4
 
 
 class TailDecoder(Protocol):
-    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+    """What a Hugging Face tokenizer's ``decode`` offers (a list of ids in, text out)."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str | list[str]: ...
 
 
 class StopChecker:
@@ -32,6 +34,11 @@ class StopChecker:
     def check(self, req: Req) -> FinishInfo | None:
         params = req.params
         last = req.output_ids[-1]
+        grammar = req.grammar
+        if grammar is not None and grammar.error is not None:
+            return FinishInfo("abort", message=grammar.error)
+        if grammar is not None and grammar.is_terminated:
+            return FinishInfo("stop", matched=last)  # the grammar is complete
         num_out = len(req.output_ids)
         if num_out >= params.min_new_tokens:
             if last in params.stop_token_ids:
@@ -51,7 +58,9 @@ class StopChecker:
     def _match_stop_string(self, req: Req) -> str | None:
         longest = max(len(s.encode("utf-8")) for s in req.params.stop)
         tail_ids = req.output_ids[-(longest + _TAIL_SLACK_TOKENS) :]
-        tail = self.tokenizer.decode(tail_ids, skip_special_tokens=req.flags.skip_special_tokens)
+        tail = str(
+            self.tokenizer.decode(tail_ids, skip_special_tokens=req.flags.skip_special_tokens)
+        )
         # Earlier steps found no stop, so any match now involves the newest token;
         # report the one that ends first, like a streaming reader would see it.
         best: tuple[int, str] | None = None

@@ -9,10 +9,14 @@ from google.protobuf import json_format
 from tokenline.v1 import openai_pb2
 
 from gateway.config import GatewayConfig, config_from_args
-from gateway.convert import chat_request_to_proto, completion_request_to_proto
+from gateway.convert import (
+    chat_request_to_proto,
+    completion_request_to_proto,
+    generate_request_to_proto,
+)
 from gateway.errors import GatewayError, error_body, param_from_loc
 from gateway.render import chat_chunk_to_dict, chat_completion_to_dict, completion_to_dict
-from gateway.schemas import ChatCompletionBody, CompletionBody
+from gateway.schemas import ChatCompletionBody, CompletionBody, GenerateBody
 from gateway.sse import sse_frame
 
 
@@ -163,3 +167,54 @@ def test_config_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TOKENLINE_REQUEST_TIMEOUT", "-1")
     with pytest.raises(SystemExit):
         config_from_args([])
+
+
+# ---- structured output: each form travels as the client sent it ----------------------
+
+
+def test_response_format_schema_keeps_its_key_order() -> None:
+    schema = {"type": "object", "properties": {"z": {"type": "integer"}, "a": {"type": "string"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema, "strict": True}}
+    out = _chat(response_format=fmt).sampling.response_format
+    assert out.type == "json_schema" and out.json_schema.name == "p"
+    assert out.json_schema.strict is True
+    assert out.json_schema.schema_json == json.dumps(schema)
+    assert list(json.loads(out.json_schema.schema_json)["properties"]) == ["z", "a"]
+
+
+def test_vllm_structured_outputs_and_guided_fields() -> None:
+    so = {"json": {"type": "object"}, "regex": "a+", "choice": ["x", "y"], "grammar": "g"}
+    out = _chat(structured_outputs=so | {"json_object": True}).sampling.structured_outputs
+    assert (out.json, out.regex, list(out.choice), out.grammar) == (
+        '{"type": "object"}',
+        "a+",
+        ["x", "y"],
+        "g",
+    )
+    assert out.json_object
+    sampling = _chat(
+        guided_json='{"type": "string"}', guided_regex="b", guided_choice=["c"], guided_grammar="e"
+    ).sampling
+    assert sampling.guided_json == '{"type": "string"}' and sampling.guided_regex == "b"
+    assert list(sampling.guided_choice) == ["c"] and sampling.guided_grammar == "e"
+    assert not _chat().sampling.HasField("structured_outputs")
+
+
+@pytest.mark.parametrize("field", ["guided_choice", "structured_outputs.choice"])
+def test_an_empty_choice_list_is_refused(field: str) -> None:
+    body = (
+        {"guided_choice": []}
+        if field == "guided_choice"
+        else {"structured_outputs": {"choice": []}}
+    )
+    with pytest.raises(GatewayError) as info:
+        _chat(**body)
+    assert info.value.param == field
+
+
+def test_native_json_schema_as_an_object_becomes_text() -> None:
+    body = GenerateBody.model_validate(
+        {"text": "p", "sampling_params": {"json_schema": {"type": "object"}, "regex": "r"}}
+    )
+    params = generate_request_to_proto(body, "rid").sampling_params
+    assert params.json_schema == '{"type": "object"}' and params.regex == "r"

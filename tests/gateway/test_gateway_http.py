@@ -64,9 +64,12 @@ def test_grpc_status_maps_to_http(
     assert resp.headers.get("retry-after") == ("1" if status in (429, 503) else None)
 
 
-def test_frontend_field_prefix_becomes_param(gateway_url: str, fake: FakeFrontendServicer) -> None:
+def test_the_field_in_the_rich_status_becomes_param(
+    gateway_url: str, fake: FakeFrontendServicer
+) -> None:
     fake.script.fail_code = grpc.StatusCode.INVALID_ARGUMENT
     fake.script.fail_message = "messages[0].content: image parts are not supported"
+    fake.script.fail_field = "messages[0].content"
     resp = httpx.post(f"{gateway_url}/v1/chat/completions", json=CHAT, timeout=10)
     error = _assert_error_shape(resp, 400)
     assert error["param"] == "messages[0].content"
@@ -105,11 +108,17 @@ def test_bad_field_types_are_400_with_param(
     assert fake.observed.requests == []
 
 
-def test_unknown_fields_are_ignored(gateway_url: str, fake: FakeFrontendServicer) -> None:
-    body = CHAT | {"surprise": {"deep": [1]}, "metadata": {"k": "v"}}
+def test_metadata_is_accepted_and_unknown_fields_are_refused(
+    gateway_url: str, fake: FakeFrontendServicer
+) -> None:
+    body = CHAT | {"metadata": {"k": "v"}, "store": False}
     resp = httpx.post(f"{gateway_url}/v1/chat/completions", json=body, timeout=10)
     assert resp.status_code == 200
     assert fake.observed.last("ChatCompletion").messages[0].content == "hi"
+    resp = httpx.post(
+        f"{gateway_url}/v1/chat/completions", json=body | {"surprise": 1}, timeout=10
+    )
+    assert _assert_error_shape(resp, 400)["param"] == "surprise"
 
 
 def test_empty_prompt_list_is_400(gateway_url: str) -> None:
@@ -196,7 +205,7 @@ def test_generate_native(gateway_url: str, fake: FakeFrontendServicer) -> None:
         "sampling_params": {"max_new_tokens": 4, "stop": "x", "temperature": 0.0},
         "return_logprob": True,
         "top_logprobs_num": 2,
-        "ignored": 1,
+        "metadata": {"k": 1},
     }
     resp = httpx.post(f"{gateway_url}/generate", json=body, headers={"X-Request-Id": "r1"})
     assert resp.status_code == 200

@@ -1,0 +1,167 @@
+"""Structured output: every API form becomes one grammar, checked before dispatch.
+
+OpenAI's ``response_format``, vLLM's ``structured_outputs`` and its older ``guided_*``
+fields all become one of ``SamplingParams.json_schema`` / ``regex`` / ``ebnf`` (SGLang's
+names, which the native API takes as they are). A request that uses two forms is refused
+naming both, and every later error about the grammar names the field the client used
+(``RequestedParams.aliases``).
+
+``GrammarChecker`` then builds the grammar with xgrammar on a worker thread, once per
+distinct grammar, so an invalid schema, regex or grammar is an INVALID_ARGUMENT (HTTP 400)
+before any scheduler sees the request. The token-level compile against the model's
+vocabulary is the scheduler's: it needs the LM head's width, and its result is big.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2
+from tokenline.v1 import openai_pb2
+
+from services.common.errors import InvalidArgumentError
+from services.common.grammar import GrammarError, build_grammar, choice_ebnf
+from services.common.sampling_params import GrammarKind, GrammarSpec, SamplingParams
+
+# OpenAI's json_object: any JSON object (SGLang sends the same schema for it).
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
+
+# (client field, kind, grammar text) for each form a request used.
+_Form = tuple[str, GrammarKind, str]
+
+
+def apply_openai_structured_output(
+    params: SamplingParams, aliases: dict[str, str], sampling: openai_pb2.OpenAISampling
+) -> None:
+    """Set the request's grammar from whichever form it used (at most one), and record
+    which client field each grammar field came from, for error messages."""
+    forms = [
+        *_response_format(sampling),
+        *_structured_outputs(sampling),
+        *_guided(sampling),
+    ]
+    if len(forms) > 1:
+        raise InvalidArgumentError(
+            f"set only one of {forms[0][0]} and {forms[1][0]}", field=forms[1][0]
+        )
+    for field, kind, text in forms:
+        setattr(params, kind, text)
+        aliases[kind] = field
+
+
+def _response_format(sampling: openai_pb2.OpenAISampling) -> list[_Form]:
+    if not sampling.HasField("response_format"):
+        return []
+    fmt = sampling.response_format
+    if fmt.type not in ("", *RESPONSE_FORMAT_TYPES):
+        raise InvalidArgumentError(
+            f"must be one of {', '.join(RESPONSE_FORMAT_TYPES)}, got {fmt.type!r}",
+            field="response_format.type",
+        )
+    if fmt.type == "json_object":
+        return [("response_format", "json_schema", JSON_OBJECT_SCHEMA)]
+    if fmt.type != "json_schema":
+        return []
+    field = "response_format.json_schema.schema"
+    spec = fmt.json_schema
+    if spec.schema_json:
+        return [(field, "json_schema", spec.schema_json)]
+    if not spec.HasField("schema"):
+        raise InvalidArgumentError("a json_schema response_format needs a schema", field=field)
+    return [(field, "json_schema", struct_to_json(spec.schema))]
+
+
+def _structured_outputs(sampling: openai_pb2.OpenAISampling) -> list[_Form]:
+    if not sampling.HasField("structured_outputs"):
+        return []
+    so = sampling.structured_outputs
+    forms: list[_Form] = []
+    if so.HasField("json"):
+        forms.append(("structured_outputs.json", "json_schema", so.json))
+    if so.HasField("regex"):
+        forms.append(("structured_outputs.regex", "regex", so.regex))
+    if so.choice:
+        forms.append(("structured_outputs.choice", "ebnf", choice_ebnf(list(so.choice))))
+    if so.HasField("grammar"):
+        forms.append(("structured_outputs.grammar", "ebnf", so.grammar))
+    if so.json_object:
+        forms.append(("structured_outputs.json_object", "json_schema", JSON_OBJECT_SCHEMA))
+    return forms
+
+
+def _guided(sampling: openai_pb2.OpenAISampling) -> list[_Form]:
+    forms: list[_Form] = []
+    if sampling.HasField("guided_json"):
+        forms.append(("guided_json", "json_schema", sampling.guided_json))
+    if sampling.HasField("guided_regex"):
+        forms.append(("guided_regex", "regex", sampling.guided_regex))
+    if sampling.guided_choice:
+        forms.append(("guided_choice", "ebnf", choice_ebnf(list(sampling.guided_choice))))
+    if sampling.HasField("guided_grammar"):
+        forms.append(("guided_grammar", "ebnf", sampling.guided_grammar))
+    return forms
+
+
+def struct_to_json(struct: struct_pb2.Struct) -> str:
+    """A Struct as JSON text. Struct numbers are doubles; whole ones go back to integers,
+    since schema keywords such as maxLength must be integers."""
+    return json.dumps(_whole_numbers(json_format.MessageToDict(struct)), ensure_ascii=False)
+
+
+def _whole_numbers(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers(v) for v in value]
+    return value
+
+
+class GrammarChecker:
+    """Checks that a request's grammar parses, off the event loop, once per grammar.
+
+    Results (None, or the client-facing error) are kept for the ``max_entries`` most
+    recently used grammars; concurrent requests with the same grammar share one build.
+    """
+
+    def __init__(self, max_entries: int = 512) -> None:
+        self.max_entries = max_entries
+        self._results: OrderedDict[GrammarSpec, Future[str | None]] = OrderedDict()
+        self._pool: ThreadPoolExecutor | None = None
+
+    async def check(self, params: SamplingParams, aliases: dict[str, str]) -> None:
+        """INVALID_ARGUMENT naming the client's field when the grammar does not parse."""
+        spec = params.grammar
+        if spec is None:
+            return
+        # Shielded: a cancelled client must not cancel a build other requests wait for.
+        error = await asyncio.shield(asyncio.wrap_future(self._result(spec)))
+        if error is not None:
+            raise InvalidArgumentError(error, field=aliases.get(spec.kind, spec.kind))
+
+    def _result(self, spec: GrammarSpec) -> Future[str | None]:
+        future = self._results.get(spec)
+        if future is not None:
+            self._results.move_to_end(spec)
+            return future
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-check")
+        future = self._pool.submit(_error_of, spec)
+        self._results[spec] = future
+        while len(self._results) > self.max_entries:
+            self._results.popitem(last=False)
+        return future
+
+
+def _error_of(spec: GrammarSpec) -> str | None:
+    try:
+        build_grammar(spec)
+    except GrammarError as exc:
+        return str(exc)
+    return None
