@@ -14,7 +14,7 @@ BUF := $(VENV)/bin/buf
 # `make proto-check` compares the working tree's protos with this branch.
 PROTO_AGAINST ?= main
 
-.PHONY: all setup proto model run test lint fmt bench clean descriptor proto-check
+.PHONY: all setup proto model run test lint fmt bench clean descriptor proto-check soak containers-test
 
 all: setup
 
@@ -57,8 +57,20 @@ run: model
 test: model
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Opt-in, not part of `make test`: 256 streams for 60 s on a fresh local stack, then no
+# failures, no leaked state and < 5 % RSS growth per service (bench/soak.py). ~2 minutes.
+SOAK_ARGS ?=
+soak: model
+	$(PY) -m bench.soak --model-dir $(MODEL_DIR) $(SOAK_ARGS)
+
+# Build the image and run the compose cluster on a real container engine, then check it
+# end to end (deploy/containers-test.sh; needs root, opt-in: not part of `make test`).
+containers-test: setup
+	deploy/containers-test.sh
+
 lint: setup
 	$(VENV)/bin/ruff check services gateway tests bench
+	$(VENV)/bin/mypy
 
 fmt: setup
 	$(VENV)/bin/ruff format services gateway tests bench

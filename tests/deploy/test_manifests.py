@@ -1,10 +1,11 @@
 """Deployment files checked offline: schemas, linters, and the flags they pass.
 
-No container engine runs here, so the checks are the ones a CI image would do
-before `docker compose up` or `kubectl apply`: compose against the compose
-spec, rendered kustomizations strictly against the Kubernetes schema, the
-Dockerfile through hadolint, and every command line they contain through the
-service's real argument parser.
+These are the checks a CI image would do before `docker compose up` or
+`kubectl apply`: compose against the compose spec, rendered kustomizations
+strictly against the Kubernetes schema, the Dockerfile through hadolint, and
+every command line they contain through the service's real argument parser.
+The image and the compose cluster run for real in `make containers-test`
+(deploy/containers-test.sh, root, opt-in); here only its script is checked.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import yaml
 from gateway.config import config_from_args
 from services import healthcheck, launch
 from services.common import default_model
+from services.common.envs import ENV_VARS
 from services.detokenizer.__main__ import parse_args as detokenizer_args
 from services.frontend.__main__ import parse_args as frontend_args
 from services.scheduler.__main__ import parse_args as scheduler_args
@@ -30,7 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
-KUSTOMIZATIONS = ["base", "overlays/cpu", "overlays/gpu"]
+CONTAINERS_TEST = ROOT / "deploy" / "containers-test.sh"
+COMPOSE_TLS = ROOT / "deploy" / "compose.tls.yml"
+KUSTOMIZATIONS = ["base", "overlays/cpu", "overlays/gpu", "overlays/tls"]
 
 PARSERS: dict[str, Callable[[list[str]], object]] = {
     "gateway": config_from_args,
@@ -60,9 +64,15 @@ def interpolate(value: str) -> str:
     return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
 
 
-def test_compose_validates_against_compose_spec() -> None:
+@pytest.mark.parametrize("compose_file", [COMPOSE, COMPOSE_TLS], ids=lambda p: p.name)
+def test_compose_validates_against_compose_spec(compose_file: Path) -> None:
     result = run(
-        [str(BIN / "check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(COMPOSE)]
+        [
+            str(BIN / "check-jsonschema"),
+            "--builtin-schema",
+            "vendor.compose-spec",
+            str(compose_file),
+        ]
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -109,6 +119,17 @@ def k8s_commands() -> list[list[str]]:
             pod = doc.get("spec", {}).get("template", {}).get("spec", {})
             for container in pod.get("containers", []) + pod.get("initContainers", []):
                 commands.append(container["args"])
+                commands.extend(exec_probe_commands(container))
+    return commands
+
+
+def exec_probe_commands(container: dict) -> list[list[str]]:
+    """`tokenline ...` exec probes (the TLS overlay's health checks), without `tokenline`."""
+    commands = []
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        command = container.get(probe, {}).get("exec", {}).get("command", [])
+        if command[:1] == ["tokenline"]:
+            commands.append(command[1:])
     return commands
 
 
@@ -185,3 +206,61 @@ def test_k8s_scrape_annotations_name_the_port_each_pod_serves_metrics_on() -> No
             assert port == int(args[args.index("--metrics-port") + 1])
         annotated.add(args[0])
     assert annotated == {"gateway", "frontend", "scheduler", "detokenizer"}
+
+
+def test_compose_tls_override_gives_every_grpc_hop_the_same_declared_tls_settings() -> None:
+    base = yaml.safe_load(COMPOSE.read_text())["services"]
+    override = yaml.safe_load(COMPOSE_TLS.read_text())["services"]
+    assert set(override) == {"gateway", "frontend", "scheduler", "detokenizer"} <= set(base)
+    for spec in override.values():
+        env = spec["environment"]
+        assert set(env) <= set(ENV_VARS)
+        assert {"TOKENLINE_TLS_CERT", "TOKENLINE_TLS_KEY", "TOKENLINE_TLS_CA"} <= set(env)
+        (mount,) = spec["volumes"]
+        assert mount.endswith(":/certs:ro")
+        assert all(env[k].startswith("/certs/") for k in env if k != "TOKENLINE_TLS_CLIENT_AUTH")
+
+
+def test_k8s_tls_overlay_mounts_the_secret_and_probes_through_tls_healthchecks() -> None:
+    docs = list(yaml.safe_load_all(render("overlays/tls")))
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert config["data"]["TOKENLINE_TLS_CLIENT_AUTH"] == "require"
+    probed = set()
+    for doc in docs:
+        pod = doc.get("spec", {}).get("template", {}).get("spec")
+        if not pod:
+            continue
+        (container,) = pod["containers"]
+        secrets = [v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v]
+        assert secrets == ["tokenline-tls"], doc["metadata"]["name"]
+        mounts = {m["mountPath"] for m in container["volumeMounts"]}
+        assert config["data"]["TOKENLINE_TLS_CA"].rsplit("/", 1)[0] in mounts
+        if container["args"][0] == "gateway":
+            continue
+        port = container["ports"][0]["containerPort"]
+        for probe, service in [("livenessProbe", [""]), ("readinessProbe", [])]:
+            assert "grpc" not in container[probe]
+            command = container[probe]["exec"]["command"]
+            assert command[:4] == ["tokenline", "healthcheck", "--addr", f"127.0.0.1:{port}"]
+            assert command[5:] == service
+        probed.add(container["args"][0])
+    assert probed == {"frontend", "scheduler", "detokenizer"}
+
+
+def test_compose_publishes_ports_on_loopback_by_default() -> None:
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    published = [interpolate(p) for spec in services.values() for p in spec.get("ports", [])]
+    assert published and all(p.startswith("127.0.0.1:") for p in published), published
+
+
+def test_containers_test_script_parses_and_passes_build_args_the_dockerfile_declares() -> None:
+    result = run(["bash", "-n", str(CONTAINERS_TEST)])
+    assert result.returncode == 0, result.stderr
+    passed = set(re.findall(r'--build-arg "(\w+)=', CONTAINERS_TEST.read_text()))
+    declared = set(re.findall(r"^ARG (\w+)", DOCKERFILE.read_text(), re.M))
+    assert passed and passed <= declared, passed - declared
+
+
+def test_containers_check_module_loads() -> None:
+    result = run([sys.executable, str(ROOT / "deploy" / "containers_check.py"), "--help"])
+    assert result.returncode == 0, result.stderr
