@@ -19,6 +19,7 @@ from services.scheduler.attention.base import AttentionBackend, AttentionMetadat
 from services.scheduler.forward_batch import ForwardBatch
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.config import ModelConfig
+from services.scheduler.model.row_buckets import BucketedLinear
 
 
 @dataclass(slots=True)
@@ -77,10 +78,10 @@ class Attention(nn.Module):
         self.scale = config.head_dim**-0.5
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
-        self.qkv_proj = nn.Linear(
+        self.qkv_proj = BucketedLinear(
             config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias
         )
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.o_proj = BucketedLinear(q_size, config.hidden_size, bias=config.o_proj_bias)
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         num_tokens = x.shape[0]
@@ -98,10 +99,10 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(
+        self.gate_up_proj = BucketedLinear(
             config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias
         )
-        self.down_proj = nn.Linear(
+        self.down_proj = BucketedLinear(
             config.intermediate_size, config.hidden_size, bias=config.mlp_bias
         )
 
@@ -154,7 +155,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.attn_backend = attn_backend
         self.model = LlamaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = BucketedLinear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config)
         self.tie_weights()
 

@@ -19,6 +19,7 @@ from services.scheduler.attention import create_attention_backend
 from services.scheduler.model.config import ModelConfig
 from services.scheduler.model.dtype import choose_dtype
 from services.scheduler.model.llama import LlamaForCausalLM
+from services.scheduler.model.row_buckets import enable_row_buckets, needs_row_buckets
 
 # Buffers some older checkpoints saved; we recompute them.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -40,9 +41,12 @@ def load_model(
     backend = create_attention_backend(attention_backend, device)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, backend)
-    model = model.to(dtype=choose_dtype(dtype, config.dtype, device).dtype).to_empty(device=device)
+    chosen = choose_dtype(dtype, config.dtype, device).dtype
+    model = model.to(dtype=chosen).to_empty(device=device)
     model.tie_weights()
     load_weights(model, checkpoint_files(model_dir))
+    if needs_row_buckets(device, chosen):
+        enable_row_buckets(model)  # oneDNN keeps a kernel per row count otherwise
     return model.eval(), config
 
 
