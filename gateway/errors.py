@@ -17,6 +17,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.common.errors import field_of
+
 logger = logging.getLogger(__name__)
 
 HTTP_STATUS_FOR_GRPC: dict[grpc.StatusCode, int] = {
@@ -41,10 +43,8 @@ _ERROR_TYPES: dict[int, str] = {
     504: "timeout_error",
 }
 
-# The frontend writes "<field>: <message>" (services/common/errors.py); the field becomes `param`.
 # gRPC's own text when the channel cannot connect; it names internal addresses.
 _CONNECT_FAILURE = "failed to connect to all addresses"
-_FIELD_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_]\w*)*): ")
 
 
 class GatewayError(Exception):
@@ -74,16 +74,13 @@ def error_body(
 
 
 def from_rpc_error(exc: grpc.aio.AioRpcError) -> GatewayError:
-    """Translate a frontend status; `param` is the field the frontend named, if any."""
+    """Translate a frontend status; `param` is the field its rich status names, if any."""
     code = exc.code()
     message = exc.details() or code.name.lower()
     if code == grpc.StatusCode.UNAVAILABLE and message.startswith(_CONNECT_FAILURE):
         message = "the frontend service is unreachable"  # not the internal address
-    match = _FIELD_PREFIX.match(message)
     status = HTTP_STATUS_FOR_GRPC.get(code, 500)
-    return GatewayError(
-        status, message, param=match.group(1) if match else None, code=code.name.lower()
-    )
+    return GatewayError(status, message, param=field_of(exc), code=code.name.lower())
 
 
 # pydantic names union members in `loc` ("str", "list[int]", "ContentPartBody");

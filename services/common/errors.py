@@ -2,6 +2,11 @@
 
 Domain code raises these; servicers wrap handlers with ``grpc_errors`` so no
 handler converts exceptions itself and no traceback ever reaches a client.
+
+The field an error is about travels in gRPC's rich status (``google.rpc.Status``
+with a ``google.rpc.BadRequest`` detail, in the ``grpc-status-details-bin``
+trailer), so a client in any language reads it without parsing the message;
+``field_of`` is the one reader. The message still starts with the field, for people.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +40,43 @@ class TokenlineError(Exception):
         self.field = field
 
     def details(self) -> str:
-        # The gateway extracts the field from the "field: " prefix for OpenAI's `param`.
         return f"{self.field}: {self.message}" if self.field else self.message
+
+    def status(self) -> grpc.Status:
+        """This error as a rich status: code, details and, with a field, a BadRequest."""
+        rich = status_pb2.Status(code=self.code.value[0], message=self.details())
+        if self.field:
+            violation = error_details_pb2.BadRequest.FieldViolation(
+                field=self.field, description=self.message
+            )
+            detail = any_pb2.Any()
+            detail.Pack(error_details_pb2.BadRequest(field_violations=[violation]))
+            rich.details.append(detail)
+        return rpc_status.to_status(rich)
+
+
+def field_of(exc: grpc.aio.AioRpcError) -> str | None:
+    """The field a failed call's rich status names (its first BadRequest violation)."""
+    for key, value in exc.trailing_metadata() or ():
+        if key != rpc_status.GRPC_DETAILS_METADATA_KEY:
+            continue
+        rich = status_pb2.Status.FromString(value)
+        for detail in rich.details:
+            if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                bad = error_details_pb2.BadRequest()
+                detail.Unpack(bad)
+                if bad.field_violations:
+                    return bad.field_violations[0].field
+    return None
+
+
+def _details_trailer(exc: grpc.aio.AioRpcError) -> tuple[tuple[str, bytes], ...]:
+    """The rich-status trailer of an upstream failure, to pass on unchanged."""
+    return tuple(
+        (key, value)
+        for key, value in exc.trailing_metadata() or ()
+        if key == rpc_status.GRPC_DETAILS_METADATA_KEY
+    )
 
 
 class InvalidArgumentError(TokenlineError):
@@ -56,16 +99,14 @@ class UnavailableError(TokenlineError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
-class RequestAbortedError(TokenlineError):
-    code = grpc.StatusCode.ABORTED
-
-
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     if isinstance(exc, TokenlineError):
-        await context.abort(exc.code, exc.details())
+        status = exc.status()
+        await context.abort(status.code, status.details, status.trailing_metadata)
     if isinstance(exc, grpc.aio.AioRpcError):
-        # An upstream service failed: pass its status on, not a traceback.
-        await context.abort(exc.code(), exc.details() or "upstream error")
+        # An upstream service failed: pass its status on (field included), not a traceback.
+        details = exc.details() or "upstream error"
+        await context.abort(exc.code(), details, _details_trailer(exc))
     logger.exception("unhandled error in gRPC handler")
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
 

@@ -18,6 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tokenline.v1 import common_pb2, frontend_pb2, frontend_pb2_grpc, generate_pb2, openai_pb2
 
+from services.common.errors import TokenlineError
 from services.common.grpc_server import READINESS_SERVICE
 
 MODEL_ID = "fake-model"
@@ -37,6 +38,7 @@ class Script:
 
     fail_code: grpc.StatusCode | None = None
     fail_message: str = ""
+    fail_field: str | None = None  # named in the rich status, as the real frontend does
     fail_after: int = 0  # streams: messages sent before failing (0: fail at once)
     hang_after: int | None = None  # streams: messages sent before waiting forever
     delay_s: float = 0.0  # unary: sleep before answering
@@ -174,7 +176,16 @@ class FakeFrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
         if script.delay_s:
             await self._sleep(script.delay_s, self.observed)
         if script.fail_code is not None and script.fail_after == 0:
-            await context.abort(script.fail_code, script.fail_message)
+            await self._fail(context, script)
+
+    @staticmethod
+    async def _fail(context: grpc.aio.ServicerContext, script: Script) -> None:
+        """Abort the way the real services do: the message and, in the rich status, the
+        field (services/common/errors.py)."""
+        error = TokenlineError(script.fail_message, field=script.fail_field)
+        error.code = script.fail_code
+        status = error.status()
+        await context.abort(status.code, script.fail_message, status.trailing_metadata)
 
     @staticmethod
     async def _sleep(seconds: float, observed: Observed) -> None:
@@ -192,7 +203,7 @@ class FakeFrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
         script, observed = self.script, self.observed
         for sent, item in enumerate(items):
             if script.fail_code is not None and sent == script.fail_after:
-                await context.abort(script.fail_code, script.fail_message)
+                await self._fail(context, script)
             if script.hang_after is not None and sent == script.hang_after:
                 await self._sleep(3600, observed)
             yield item

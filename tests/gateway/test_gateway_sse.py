@@ -68,6 +68,7 @@ def test_error_before_first_frame_is_http_status(
 ) -> None:
     fake.script.fail_code = grpc.StatusCode.INVALID_ARGUMENT
     fake.script.fail_message = "temperature: must be in [0, 2]"
+    fake.script.fail_field = "temperature"
     resp = httpx.post(f"{gateway_url}/v1/chat/completions", json=CHAT, timeout=10)
     assert resp.status_code == 400
     assert resp.json()["error"]["param"] == "temperature"
