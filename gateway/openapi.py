@@ -8,12 +8,12 @@ gateway/responses.py, with the SSE frame schema for streaming routes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from gateway.responses import ChatCompletionChunk, Completion, ErrorResponse, GenerateResponse
 
@@ -76,7 +76,7 @@ def _without_fastapi_422(schema: dict[str, Any]) -> None:
 
 
 def _with_stream_frames(schema: dict[str, Any]) -> None:
-    models = [(m, "serialization") for m in STREAM_FRAMES]
+    models = [(m, cast(JsonSchemaMode, "serialization")) for m in STREAM_FRAMES]
     _, defs = models_json_schema(models, ref_template=REF_TEMPLATE)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     for name, definition in defs.get("$defs", {}).items():

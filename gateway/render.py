@@ -55,7 +55,7 @@ def usage_to_dict(usage: openai_pb2.CompletionUsage) -> dict[str, Any]:
 
 def _put_usage(out: dict[str, Any], message: Message, include_usage: bool) -> None:
     if message.HasField("usage"):
-        out["usage"] = usage_to_dict(message.usage)  # type: ignore[attr-defined]
+        out["usage"] = usage_to_dict(message.usage)
     elif include_usage:
         out["usage"] = None
 
@@ -83,7 +83,7 @@ def _chat_logprobs(logprobs: openai_pb2.ChoiceLogprobs) -> dict[str, Any]:
 def _maybe_logprobs(choice: Message, requested: bool) -> dict[str, Any] | None:
     if not (requested and choice.HasField("logprobs")):
         return None
-    logprobs = choice.logprobs  # type: ignore[attr-defined]
+    logprobs = choice.logprobs
     if isinstance(logprobs, openai_pb2.CompletionLogprobs):
         return _completion_logprobs(logprobs)
     return _chat_logprobs(logprobs)

@@ -24,8 +24,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 _LABELS = ("grpc_service", "grpc_method", "grpc_type")
 # Sub-millisecond unary calls up to five-minute generation streams.
-_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-_BUCKETS += (10.0, 30.0, 60.0, 120.0, 300.0)
+_BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+_BUCKETS += (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class RpcMetrics:

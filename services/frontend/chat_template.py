@@ -14,6 +14,7 @@ give the same ids both ways.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, Literal
 
 import jinja2
@@ -62,10 +63,14 @@ class ChatTemplate:
         return list(self._apply(chat, tokenize=True))
 
     def _apply(self, chat: ChatInput, tokenize: bool) -> Any:
+        # HF types `tools` as dicts or callables; ours are always JSON-schema dicts.
+        tools: list[dict[Any, Any] | Callable[..., Any]] | None = (
+            None if chat.tools is None else list(chat.tools)
+        )
         try:
             return self.tokenizer.apply_chat_template(
                 chat.messages,
-                tools=chat.tools,
+                tools=tools,
                 add_generation_prompt=chat.add_generation_prompt,
                 continue_final_message=chat.continue_final_message,
                 tokenize=tokenize,
@@ -79,7 +84,9 @@ class ChatTemplate:
 
 def detect_content_format(tokenizer: PreTrainedTokenizerBase) -> ContentFormat:
     """'openai' when the template prints text parts given as a list, else 'string'."""
-    messages = [{"role": "user", "content": [{"type": "text", "text": _PROBE_MARK}]}]
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": _PROBE_MARK}]}
+    ]
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except Exception:  # noqa: BLE001 - any failure means lists are not supported

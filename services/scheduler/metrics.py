@@ -130,13 +130,13 @@ class SchedulerMetrics:
             self.e2e_latency.observe(req.e2e_s)
             self.request_prompt_tokens.observe(req.num_prompt_tokens)
             self.request_generation_tokens.observe(req.num_generation_tokens)
-            for histogram, seconds in (
+            for histogram, span in (
                 (self.queue_time, req.queue_s),
                 (self.prefill_time, req.prefill_s),
                 (self.decode_time, req.decode_s),
             ):
-                if seconds is not None:
-                    histogram.observe(seconds)
+                if span is not None:
+                    histogram.observe(span)
 
     def track(self, snapshot: Callable[[], EngineStats]) -> None:
         """Gauges read the engine thread's latest published snapshot when scraped."""
