@@ -172,7 +172,7 @@ def test_a_known_mix_is_counted_exactly(
     logged = request_log_lines(stack)[logged_before:]
     assert len(logged) == num
     for line in logged:
-        assert re.search(r"rid=\S+ finish_reason=(stop|length)", line)
+        assert re.search(r"rid=\S+ label=\S+ finish_reason=(stop|length)", line)
         assert "prefill_ms=" in line and "detokenize_ms=" in line
     assert sorted(int(re.search(r"completion_tokens=(\d+)", line)[1]) for line in logged) == sorted(
         u.completion_tokens for u in usages
