@@ -360,6 +360,27 @@ def test_stream_disconnect_frees_the_scheduler_within_2s(
     assert seconds_until_idle(stack, limit_s=2.0) < 2.0
 
 
+def test_a_retry_with_the_id_of_a_request_just_cancelled_gets_its_own_answer(
+    stack: LocalStack, root: str, model_id: str
+) -> None:
+    """The cancelled request's abort row can never reach the retry: each has its own rid."""
+    body = {"model": model_id, "messages": USER, "stream": True, **LONG}
+    headers = {"X-Request-Id": "retry-me"}
+    url = f"{root}/v1/chat/completions"
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", url, json=body, headers=headers) as first:
+            lines = first.iter_lines()
+            while '"content"' not in next(lines):  # decoding now
+                pass
+        # Closed mid-stream (a cancel); the retry goes out at once, same id.
+        retry = http.post(url, json=body | {"stream": False, "max_tokens": 5}, headers=headers)
+    assert retry.status_code == 200, retry.text
+    assert retry.json()["id"] == "chatcmpl-retry-me"
+    assert retry.json()["choices"][0]["finish_reason"] == "length"
+    assert retry.json()["usage"]["completion_tokens"] == 5
+    assert seconds_until_idle(stack, limit_s=2.0) < 2.0
+
+
 def test_one_request_id_in_flight_twice_streams_twice_and_echoes_it(
     stack: LocalStack, root: str, model_id: str
 ) -> None:
