@@ -1,9 +1,16 @@
 """ReqState: the frontend's record of one in-flight rid, and the table of them.
 
-Lifecycle, forward only: created -> dispatched -> receiving -> finished -> removed.
-``dispatched`` says the scheduler may hold the rid (set before AddRequest is
-sent, cleared if it answers with an error), so it decides whether an ending
-needs an AbortReq; ``abort_sent`` makes that abort happen at most once.
+One ``ReqStage`` says where a choice stands with its scheduler, and so whether the
+scheduler may hold the rid (and an ending must send an AbortReq):
+
+    CREATED -> SENT -> RECEIVING -> FINISHED          (its final row arrived)
+                 |         |
+                 |         +------> FAILED -> ABORTED  (a service was lost; abort sent)
+                 +-> REFUSED                           (AddRequest refused: never held)
+    SENT / RECEIVING / FAILED -> ABORTED               (the client went away; abort sent)
+
+``SENT`` starts before AddRequest goes out, since the scheduler may hold the rid from
+then on even if the reply never arrives; ``error`` is set exactly when it is FAILED.
 
 Rows are not queued one by one: each state gathers what arrived since its
 consumer last looked (text as chunks, ids, logprobs) and the shared ``sink``
@@ -14,22 +21,27 @@ one coalesced row per choice, and each text piece is joined exactly once.
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from dataclasses import dataclass, field
-from typing import Literal
 
 from tokenline.v1 import common_pb2, detokenizer_pb2
 
 from services.common.errors import AlreadyExistsError
 
-ReqStage = Literal["created", "dispatched", "receiving", "finished", "removed"]
-_ORDER: dict[ReqStage, int] = {
-    "created": 0,
-    "dispatched": 1,
-    "receiving": 2,
-    "finished": 3,
-    "removed": 4,
-}
+
+class ReqStage(enum.Enum):
+    CREATED = "created"  # not sent to a scheduler
+    SENT = "sent"  # AddRequest sent: the scheduler may hold the rid
+    REFUSED = "refused"  # AddRequest refused: the scheduler never held it
+    RECEIVING = "receiving"  # rows are arriving
+    FINISHED = "finished"  # its final row arrived: the scheduler released it
+    FAILED = "failed"  # ended here (``error``) while the scheduler may still hold it
+    ABORTED = "aborted"  # an AbortReq was sent for it
+
+
+_HELD = frozenset({ReqStage.SENT, ReqStage.RECEIVING, ReqStage.FAILED})
+_OVER = frozenset({ReqStage.REFUSED, ReqStage.FINISHED, ReqStage.FAILED, ReqStage.ABORTED})
 
 
 @dataclass(slots=True, eq=False)
@@ -41,12 +53,10 @@ class ReqState:
     sink: asyncio.Queue[int]
     label: str = ""  # the client's id for this choice, for logs
     times: common_pb2.StageTimes = field(default_factory=common_pb2.StageTimes)
-    stage: ReqStage = "created"
+    stage: ReqStage = ReqStage.CREATED
     scheduler: str = ""
-    dispatched: bool = False
-    abort_sent: bool = False
     dispatch_call: asyncio.Future | None = None  # the AddRequest call while in flight
-    error: str | None = None  # a service it needed was lost: UNAVAILABLE, retryable
+    error: str | None = None  # why it FAILED: a service it needed was lost (UNAVAILABLE)
     text_chunks: list[str] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
@@ -54,28 +64,22 @@ class ReqState:
     is_pending: bool = False  # has news the consumer has not taken
 
     @property
-    def is_finished(self) -> bool:
-        return _ORDER[self.stage] >= _ORDER["finished"]
+    def may_be_held(self) -> bool:
+        """The scheduler may still run it: an ending needs an AbortReq (once)."""
+        return self.stage in _HELD
 
     @property
-    def needs_abort(self) -> bool:
-        return self.dispatched and not self.is_finished_by_scheduler and not self.abort_sent
-
-    @property
-    def is_finished_by_scheduler(self) -> bool:
-        return self.final is not None
-
-    def advance(self, stage: ReqStage) -> None:
-        if _ORDER[stage] > _ORDER[self.stage]:
-            self.stage = stage
+    def is_over(self) -> bool:
+        """Nothing more reaches the consumer; later rows are ignored."""
+        return self.stage in _OVER
 
     def push(self, row: detokenizer_pb2.StrRow) -> None:
-        """Gather one row from the detokenizer; rows after the final one are ignored."""
-        if self.is_finished:
+        """Gather one row from the detokenizer; rows after the end are ignored."""
+        if self.is_over:
             return
         if not self.times.first_token:
             self.times.first_token = time.time()
-        self.advance("receiving")
+        self.stage = ReqStage.RECEIVING
         if row.text:
             self.text_chunks.append(row.text)
         self.output_ids.extend(row.output_ids)
@@ -83,15 +87,15 @@ class ReqState:
         if row.HasField("finish_reason"):
             self.final = row
             self.times.finished = time.time()
-            self.advance("finished")
+            self.stage = ReqStage.FINISHED
         self._notify()
 
     def fail(self, message: str) -> None:
-        """End the request from the frontend's side; the scheduler may still hold it."""
-        if self.is_finished:
+        """End a request the scheduler may still hold, from the frontend's side."""
+        if self.is_over or not self.may_be_held:
             return
         self.error = message
-        self.advance("finished")
+        self.stage = ReqStage.FAILED
         self._notify()
 
     def take(self) -> detokenizer_pb2.StrRow:
@@ -164,4 +168,3 @@ class ReqStateTable:
         """Drop ``state`` if it is still the one registered for its rid."""
         if self._states.get(state.rid) is state:
             del self._states[state.rid]
-        state.advance("removed")

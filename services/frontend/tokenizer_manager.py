@@ -31,7 +31,7 @@ from tokenline.v1 import (
 from services.common.errors import SCHEDULER_STREAM_ENDED, UnavailableError
 from services.common.sampling_params import SamplingParams
 from services.common.tls import TlsSettings, open_channel
-from services.frontend.request_state import ReqState, ReqStateTable
+from services.frontend.request_state import ReqStage, ReqState, ReqStateTable
 from services.frontend.router import SchedulerRouter
 
 logger = logging.getLogger(__name__)
@@ -133,14 +133,13 @@ class TokenizerManager:
         """The lease on a replica ended: it aborts this frontend's requests there, so
         they fail now with UNAVAILABLE."""
         for state in self.table.live():
-            if state.dispatched and state.scheduler == addr:
+            if state.scheduler == addr:
                 state.fail(f"scheduler {addr} is unavailable")
 
     def _fail_dispatched(self, message: str) -> None:
         """Rows of dispatched requests may have been lost: end them now (they get aborted)."""
         for state in self.table.live():
-            if state.dispatched:
-                state.fail(message)
+            state.fail(message)  # a no-op unless a scheduler may hold it
 
     # ---- one client request ----------------------------------------------------
 
@@ -231,21 +230,20 @@ class TokenizerManager:
         self.router.dispatched(addr)
         # From here the scheduler may hold the rid, even if this task is cancelled
         # while the call is in flight: the call runs on, and _release waits for it.
-        state.dispatched = True
+        state.stage = ReqStage.SENT
         state.dispatch_call = asyncio.ensure_future(self._stubs[addr].AddRequest(pb))
         try:
             await asyncio.shield(state.dispatch_call)
         except grpc.aio.AioRpcError:
-            state.dispatched = False  # refused: nothing to abort (and the rid may be another's)
+            state.stage = ReqStage.REFUSED  # nothing to abort (and the rid may be another's)
             self.router.refused(addr)
             raise
-        state.advance("dispatched")
 
     def _release(self, states: list[ReqState]) -> None:
         """Remove local state now; abort what a scheduler may still run, in the background."""
         for state in states:
             self.table.remove(state)
-        if any(s.dispatched and not s.is_finished_by_scheduler for s in states):
+        if any(s.may_be_held for s in states):
             # A task of its own: this runs while the client's call is being cancelled.
             task = asyncio.create_task(self._abort_unfinished(states))
             self._cleanups.add(task)
@@ -256,11 +254,12 @@ class TokenizerManager:
             call = state.dispatch_call
             if call is not None and not call.done():
                 await asyncio.wait([call], timeout=_ABORT_TIMEOUT_S)
-            if call is not None and call.done() and (call.cancelled() or call.exception()):
-                state.dispatched = False  # the scheduler refused it: not ours to abort
+            refused = call is not None and call.done() and (call.cancelled() or call.exception())
+            if refused and state.may_be_held:
+                state.stage = ReqStage.REFUSED  # not ours to abort
         for state in states:
-            if state.needs_abort:
-                state.abort_sent = True
+            if state.may_be_held:
+                state.stage = ReqStage.ABORTED  # at most one AbortReq
                 await self._send_abort(state)
 
     async def _send_abort(self, state: ReqState) -> None:

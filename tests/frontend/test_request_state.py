@@ -8,7 +8,7 @@ import pytest
 from tokenline.v1 import common_pb2, detokenizer_pb2
 
 from services.common.errors import AlreadyExistsError
-from services.frontend.request_state import ReqState, ReqStateTable, merged_times
+from services.frontend.request_state import ReqStage, ReqState, ReqStateTable, merged_times
 
 
 def row(text: str, ids: list[int], final: bool = False) -> detokenizer_pb2.StrRow:
@@ -38,11 +38,11 @@ async def test_rows_gathered_before_a_take_come_out_as_one_row() -> None:
     merged = state.take()
     assert merged.text == "Hello 世界" and list(merged.output_ids) == [1, 2, 3, 4]
     assert [lp.token_id for lp in merged.logprobs] == [1, 2, 3, 4]
-    assert not merged.HasField("finish_reason") and state.stage == "receiving"
+    assert not merged.HasField("finish_reason") and state.stage is ReqStage.RECEIVING
     state.push(row("!", [5], final=True))
     last = state.take()
     assert last.text == "!" and last.finish_reason.kind == common_pb2.FinishReason.KIND_STOP
-    assert state.stage == "finished" and state.is_finished_by_scheduler
+    assert state.stage is ReqStage.FINISHED and not state.may_be_held
 
 
 async def test_final_times_keep_the_frontend_stamps_and_add_the_schedulers() -> None:
@@ -62,17 +62,19 @@ async def test_rows_after_the_final_one_are_ignored() -> None:
     assert state.sink.empty() and state.take().text == ""
 
 
-async def test_stages_only_move_forward_and_abort_need_follows_them() -> None:
+async def test_the_stage_says_whether_the_scheduler_may_hold_the_rid() -> None:
     state = new_state()
-    assert state.stage == "created" and not state.needs_abort
-    state.dispatched = True
+    assert state.stage is ReqStage.CREATED and not state.may_be_held
+    state.fail("detokenizer lost")  # nothing was sent: nothing to fail or abort
+    assert state.stage is ReqStage.CREATED and state.error is None
+    state.stage = ReqStage.SENT
     state.push(row("x", [1]))  # a row can beat the AddRequest reply
-    state.advance("dispatched")
-    assert state.stage == "receiving" and state.needs_abort
+    assert state.stage is ReqStage.RECEIVING and state.may_be_held
     state.fail("detokenizer lost")
-    assert state.stage == "finished" and state.error and state.needs_abort  # still running there
-    state.abort_sent = True
-    assert not state.needs_abort
+    assert state.stage is ReqStage.FAILED and state.error and state.may_be_held  # still there
+    assert state.is_over
+    state.push(row("late", [2]))  # ignored once over
+    assert state.take().text == "x"
 
 
 async def test_duplicate_rids_are_refused_all_or_nothing() -> None:
@@ -97,7 +99,7 @@ async def test_remove_drops_only_the_registered_state() -> None:
     table.remove(stranger)
     assert table.get("a") is state
     table.remove(state)
-    assert len(table) == 0 and state.stage == "removed"
+    assert len(table) == 0 and table.get("a") is None
 
 
 def test_merged_times_prefers_nonzero_remote_stamps() -> None:
