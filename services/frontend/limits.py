@@ -18,6 +18,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from services.common.eos import eos_id_union
+
 
 @dataclass(frozen=True, slots=True)
 class ModelLimits:
@@ -45,24 +47,16 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _ids(value: Any) -> list[int]:
-    items = value if isinstance(value, list) else [value]
-    return [int(v) for v in items if v is not None]
-
-
 def model_stop_token_ids(
     model_dir: str | Path, tokenizer: PreTrainedTokenizerBase
 ) -> tuple[int, ...]:
     """config.json eos ∪ generation_config.json eos ∪ the tokenizer's eos, in that order."""
     path = Path(model_dir)
-    found: list[int] = []
-    for value in (
+    return eos_id_union(
         _read_json(path / "config.json").get("eos_token_id"),
         _read_json(path / "generation_config.json").get("eos_token_id"),
         tokenizer.eos_token_id,
-    ):
-        found.extend(i for i in _ids(value) if i not in found)
-    return tuple(found)
+    )
 
 
 def load_model_limits(

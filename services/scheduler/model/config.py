@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from services.common.eos import eos_id_union
 from services.scheduler.model.dtype import DTYPES
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
@@ -122,7 +123,9 @@ class ModelConfig:
             mlp_bias=bool(raw.get("mlp_bias", False)),
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
             sliding_window=_sliding_window(raw, is_qwen2),
-            eos_token_ids=_eos_ids(raw, generation or {}),
+            eos_token_ids=eos_id_union(
+                raw.get("eos_token_id"), (generation or {}).get("eos_token_id")
+            ),
             dtype=_dtype(raw),
         )
 
@@ -190,15 +193,6 @@ def _sliding_window(raw: dict[str, Any], is_qwen2: bool) -> int | None:
         return None
     window = raw.get("sliding_window")
     return int(window) if window else None
-
-
-def _eos_ids(raw: dict[str, Any], generation: dict[str, Any]) -> tuple[int, ...]:
-    ids: list[int] = []
-    for value in (raw.get("eos_token_id"), generation.get("eos_token_id")):
-        for item in value if isinstance(value, list) else [value]:
-            if item is not None and int(item) not in ids:
-                ids.append(int(item))
-    return tuple(ids)
 
 
 def _dtype(raw: dict[str, Any]) -> torch.dtype:
