@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 from dataclasses import dataclass
 
 from tokenline.v1 import detokenizer_pb2, detokenizer_pb2_grpc
 
-from services.common.envs import env_default
 from services.common.grpc_server import GrpcProcess, wait_until
-from services.common.logs import add_logging_args, setup_logging
-from services.common.tls import TlsSettings, add_tls_flags, pop_tls_settings
+from services.common.service_flags import parse_service_args, run_service, service_parser
+from services.common.tls import TlsSettings
 from services.common.tokenizer import load_tokenizer
 from services.detokenizer.manager import DetokenizerManager
 from services.detokenizer.metrics import DetokenizerMetrics
@@ -35,27 +32,15 @@ class DetokenizerConfig:
 
 
 def parse_args(argv: list[str] | None = None) -> DetokenizerConfig:
-    p = argparse.ArgumentParser(prog="tokenline-detokenizer", description=__doc__)
-    p.add_argument("--model", default=env_default("TOKENLINE_MODEL", "models/tokenline-tiny"))
-    p.add_argument("--host", default=env_default("TOKENLINE_HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=env_default("TOKENLINE_PORT", 50053, int))
-    p.add_argument(
-        "--metrics-port", type=int, default=env_default("TOKENLINE_METRICS_PORT", 0, int)
-    )
+    p = service_parser("tokenline-detokenizer", __doc__, default_port=50053)
     p.add_argument(
         "--max-decode-states",
         type=int,
         default=65536,
         help="live DecodeStatus entries; a new request past this is refused (never evicted)",
     )
-    p.add_argument(
-        "--drain-timeout", type=float, default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, float)
-    )
-    add_logging_args(p)
-    add_tls_flags(p)
-    args = p.parse_args(argv)
-    tls = pop_tls_settings(args)
-    return DetokenizerConfig(**vars(args), tls=tls)
+    args, tls = parse_service_args(p, argv)
+    return DetokenizerConfig(**args, tls=tls)
 
 
 async def serve(config: DetokenizerConfig) -> None:
@@ -86,9 +71,7 @@ async def serve(config: DetokenizerConfig) -> None:
 
 
 def main() -> None:
-    config = parse_args()
-    setup_logging(config.log_level, config.log_json)
-    asyncio.run(serve(config))
+    run_service(parse_args, serve)
 
 
 if __name__ == "__main__":

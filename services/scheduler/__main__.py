@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 from dataclasses import dataclass
@@ -13,8 +12,8 @@ from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from services.common.envs import env_default
 from services.common.grpc_server import GrpcProcess, wait_until
-from services.common.logs import add_logging_args, setup_logging
-from services.common.tls import TlsSettings, add_tls_flags, pop_tls_settings
+from services.common.service_flags import parse_service_args, run_service, service_parser
+from services.common.tls import TlsSettings
 from services.common.tokenizer import load_tokenizer
 from services.scheduler.detokenizer_pusher import DetokenizerPusher
 from services.scheduler.engine import Scheduler, SchedulerConfig
@@ -56,13 +55,7 @@ class SchedulerProcessConfig:
 
 
 def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
-    p = argparse.ArgumentParser(prog="tokenline-scheduler", description=__doc__)
-    p.add_argument("--model", default=env_default("TOKENLINE_MODEL", "models/tokenline-tiny"))
-    p.add_argument("--host", default=env_default("TOKENLINE_HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=env_default("TOKENLINE_PORT", 50052, int))
-    p.add_argument(
-        "--metrics-port", type=int, default=env_default("TOKENLINE_METRICS_PORT", 0, int)
-    )
+    p = service_parser("tokenline-scheduler", __doc__, default_port=50052)
     p.add_argument(
         "--detokenizer-addr", default=env_default("TOKENLINE_DETOKENIZER_ADDR", "127.0.0.1:50053")
     )
@@ -107,14 +100,8 @@ def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
         help="override the model's context length (0: from config.json)",
     )
     p.add_argument("--num-threads", type=int, default=0, help="torch intra-op threads (0: auto)")
-    p.add_argument(
-        "--drain-timeout", type=float, default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, float)
-    )
-    add_logging_args(p)
-    add_tls_flags(p)
-    args = p.parse_args(argv)
-    tls = pop_tls_settings(args)
-    return SchedulerProcessConfig(**vars(args), tls=tls)
+    args, tls = parse_service_args(p, argv)
+    return SchedulerProcessConfig(**args, tls=tls)
 
 
 def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, int, str]:
@@ -211,9 +198,7 @@ async def serve(config: SchedulerProcessConfig) -> None:
 
 
 def main() -> None:
-    config = parse_args()
-    setup_logging(config.log_level, config.log_json)
-    asyncio.run(serve(config))
+    run_service(parse_args, serve)
 
 
 if __name__ == "__main__":
