@@ -21,14 +21,18 @@ logger = logging.getLogger(__name__)
 # Readiness probes ask for this service name; liveness asks for "" (the server).
 READINESS_SERVICE = "tokenline.readiness"
 
-# A peer that vanishes without closing its connection (partition, frozen process)
-# is noticed within about three seconds: the server pings every second and drops a
-# connection whose ping goes unanswered for two, which cancels its RPCs (and so ends
-# a frontend's lease on a scheduler). Pings are allowed without data in between.
+# A peer that vanishes without closing its connection (partition, frozen process) is
+# noticed within about three seconds: the server pings every second, also when the peer
+# sends no data (which would otherwise allow one ping per five minutes), and drops a
+# connection whose ping goes unanswered for two, cancelling its RPCs. In this gRPC the
+# unanswered ping is timed by ping_timeout_ms (default one minute), not keepalive_timeout
+# alone. Leases do not rely on this: their renewals are the application's own signal.
 KEEPALIVE_OPTIONS = [
     ("grpc.keepalive_time_ms", 1000),
     ("grpc.keepalive_timeout_ms", 2000),
+    ("grpc.http2.ping_timeout_ms", 2000),
     ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.min_time_between_pings_ms", 1000),
 ]
 
 

@@ -4,7 +4,9 @@ gets the next request.
 Scheduler replicas are data-parallel engines. The router holds one ``Attach``
 stream (the lease) per replica: a replica runs this frontend's requests only while
 the lease is up, and aborts them all when it ends, so a frontend that dies leaves
-nothing running. The same stream beats with the replica's load every 250 ms.
+nothing running. The frontend renews the lease every 250 ms (a frozen or partitioned frontend stops
+renewing, which its open TCP connection would hide) and the scheduler beats back with its
+load at the same pace.
 
 Routing picks the least-loaded leased replica. A beat's load counts the requests
 the replica has accepted; what this frontend sent that the beat has not counted yet
@@ -19,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -29,6 +31,8 @@ logger = logging.getLogger(__name__)
 DOWN_BACKOFF_S = 2.0
 # A lease whose beats (every 250 ms) stop for this long is treated as lost.
 BEAT_TIMEOUT_S = 2.0
+# How often this frontend renews each lease (a scheduler ends one unrenewed for 2 s).
+RENEW_INTERVAL_S = 0.25
 
 
 class SchedulerRouter:
@@ -117,9 +121,7 @@ class SchedulerRouter:
         """Keep a lease on ``addr`` for as long as the router runs."""
         backoff = 0.05
         while True:
-            call = self._stubs[addr].Attach(
-                scheduler_pb2.AttachRequest(frontend_id=self._frontend_id)
-            )
+            call = self._stubs[addr].Attach(self._renewals())
             why = "lease ended"
             try:
                 beats = call.__aiter__()
@@ -138,6 +140,13 @@ class SchedulerRouter:
             self._lease_lost(addr, why)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
+
+    async def _renewals(self) -> AsyncIterator[scheduler_pb2.AttachRequest]:
+        """Open the lease, then renew it: the scheduler ends a lease it stops hearing."""
+        request = scheduler_pb2.AttachRequest(frontend_id=self._frontend_id)
+        while True:
+            yield request
+            await asyncio.sleep(RENEW_INTERVAL_S)
 
     def _on_beat(self, addr: str, beat: scheduler_pb2.SchedulerBeat) -> None:
         if not self._leased[addr]:

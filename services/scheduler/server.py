@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import grpc
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from services.common.errors import (
@@ -27,6 +28,19 @@ logger = logging.getLogger(__name__)
 # How often a lease carries the scheduler's load; frontends give up on a lease that
 # stays silent for several beats.
 BEAT_INTERVAL_S = 0.25
+# A lease the frontend has not renewed for this long has lapsed (it renews every 250 ms).
+LEASE_TIMEOUT_S = 2.0
+
+
+async def _until_renewals_stop(context: grpc.aio.ServicerContext) -> str:
+    """Read the frontend's renewals until they end or stop coming; returns why."""
+    while True:
+        try:
+            renewal = await asyncio.wait_for(context.read(), LEASE_TIMEOUT_S)
+        except TimeoutError:
+            return f"lease not renewed for {LEASE_TIMEOUT_S:.1f}s"
+        if renewal is grpc.aio.EOF:
+            return "lease closed"
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
@@ -67,26 +81,33 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return self._info(self._live_engine())
 
     @grpc_errors
-    async def Attach(self, request, context):  # noqa: N802
-        """The frontend's lease: beats with the load until the stream ends, then every
-        request that frontend sent is aborted (unless it holds another stream).
+    async def Attach(self, request_iterator, context):  # noqa: N802
+        """The frontend's lease: beats with the load while the frontend renews it; when
+        the stream ends or the renewals stop for ``LEASE_TIMEOUT_S``, every request that
+        frontend sent is aborted (unless it holds another stream).
 
-        A coroutine writing beats, not a generator: cancellation (the frontend's
-        connection ended) lands in this frame, so the ``finally`` runs at once."""
+        A coroutine, not a generator: cancellation (the frontend's connection ended)
+        lands in this frame, so the ``finally`` runs at once. Renewals, not keepalive
+        pings, catch a frozen or partitioned frontend: the beats written to it keep the
+        connection looking busy, which defers gRPC's pings."""
         engine = self._live_engine()
-        owner = request.frontend_id
+        first = await context.read()
+        owner = "" if first is grpc.aio.EOF else first.frontend_id
         if not owner:
             raise InvalidArgumentError("must be non-empty", field="frontend_id")
         self.leases.open(owner)
         logger.info("frontend %s attached", owner)
+        renewals = asyncio.ensure_future(_until_renewals_stop(context))
         try:
-            while True:
+            while not renewals.done():
                 beat = scheduler_pb2.SchedulerBeat(
                     info=self._info(engine), num_accepted=self.leases.num_accepted(owner)
                 )
                 await context.write(beat)
-                await asyncio.sleep(BEAT_INTERVAL_S)
+                await asyncio.wait([renewals], timeout=BEAT_INTERVAL_S)
+            logger.warning("frontend %s: %s", owner, renewals.result())
         finally:
+            renewals.cancel()
             if self.leases.close(owner):
                 logger.info("frontend %s detached; aborting its requests", owner)
                 self._abort_owned(engine, owner)

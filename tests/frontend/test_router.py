@@ -26,8 +26,8 @@ class BeatingScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.silent = False  # stop beating without ending the stream
         self.end_lease = asyncio.Event()
 
-    async def Attach(self, request, context):  # noqa: N802
-        self.attached.append(request.frontend_id)
+    async def Attach(self, request_iterator, context):  # noqa: N802
+        self.attached.append((await context.read()).frontend_id)
         while not self.end_lease.is_set():
             if not self.silent:
                 info = scheduler_pb2.SchedulerInfo(model="m", dtype=self.dtype)

@@ -35,7 +35,8 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.on_add = None
         self.lease_ended = asyncio.Event()  # set it to end the manager's lease
 
-    async def Attach(self, request, context):  # noqa: N802
+    async def Attach(self, request_iterator, context):  # noqa: N802
+        await context.read()  # the lease opens; renewals are not checked here
         while not self.lease_ended.is_set():
             await context.write(scheduler_pb2.SchedulerBeat(info=scheduler_pb2.SchedulerInfo()))
             with contextlib.suppress(TimeoutError):

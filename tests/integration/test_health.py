@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 
 import grpc
@@ -161,5 +162,40 @@ def test_kill_9_under_running_streams_errors_fast_recovers_and_leaks_nothing(
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["completion_tokens"] == 1
     assert time.monotonic() - restarted_at < 20.0
+    idle = dict.fromkeys(live_state(stack), 0)
+    seconds_until(lambda: live_state(stack) == idle, 5.0, f"no live state: {live_state(stack)}")
+
+
+def test_a_frozen_frontend_loses_its_lease_and_the_scheduler_frees_its_requests(
+    stack: LocalStack,
+) -> None:
+    """A partition, as the scheduler sees it: the frontend's connection stays open but
+    nothing answers (SIGSTOP). Keepalive pings go unanswered, the connection is dropped,
+    the lease ends and the requests are aborted; after SIGCONT the frontend attaches
+    again and serves."""
+    seconds_until(lambda: health_status(stack) == 200, 20.0, "/health 200")
+    url = f"{stack.base_url}/chat/completions"
+    frontend = stack.procs["frontend"]
+
+    async def freeze_while_decoding() -> float:
+        async with httpx.AsyncClient(timeout=60) as http:
+            started = asyncio.Event()
+            task = asyncio.create_task(decoding_stream(http, url, started))
+            await asyncio.wait_for(started.wait(), 60)
+            frontend.send_signal(signal.SIGSTOP)
+            frozen_at = time.monotonic()
+            try:
+                await asyncio.to_thread(
+                    seconds_until, lambda: scheduler_is_idle(stack), 5.0, "scheduler idle"
+                )
+                return time.monotonic() - frozen_at
+            finally:
+                frontend.send_signal(signal.SIGCONT)
+                assert await asyncio.wait_for(task, 30) == "error"
+
+    assert asyncio.run(freeze_while_decoding()) < 5.0
+    seconds_until(lambda: health_status(stack) == 200, 20.0, "/health 200 again")
+    reply = one_token(stack)
+    assert reply.status_code == 200, reply.text
     idle = dict.fromkeys(live_state(stack), 0)
     seconds_until(lambda: live_state(stack) == idle, 5.0, f"no live state: {live_state(stack)}")

@@ -57,9 +57,18 @@ def request(
 async def attach(client, frontend_id: str):
     """Open a lease as a frontend would; returns the call (cancel it to end the lease)
     once the first beat arrived."""
-    call = client.Attach(scheduler_pb2.AttachRequest(frontend_id=frontend_id))
+    call = client.Attach()
+    await call.write(scheduler_pb2.AttachRequest(frontend_id=frontend_id))
     await call.read()
+    renew = asyncio.ensure_future(_renew(call, frontend_id))
+    call.add_done_callback(lambda _: renew.cancel())
     return call
+
+
+async def _renew(call, frontend_id: str) -> None:
+    while True:
+        await asyncio.sleep(0.25)
+        await call.write(scheduler_pb2.AttachRequest(frontend_id=frontend_id))
 
 
 async def drain(outbox: queue.Queue[list[OutputRow]], rows: list[OutputRow]) -> None:
@@ -146,3 +155,20 @@ async def test_a_lease_ending_aborts_that_frontends_requests_only(stub: tuple) -
     assert snapshot.num_free_kv_tokens + snapshot.num_cached_kv_tokens == (
         snapshot.num_total_kv_tokens
     )
+
+
+async def test_a_lease_not_renewed_lapses_and_aborts_its_requests(stub: tuple) -> None:
+    """A frozen frontend keeps its connection open; only the missing renewals show it."""
+    client, rows = stub
+    call = client.Attach()
+    await call.write(scheduler_pb2.AttachRequest(frontend_id="fe-frozen"))
+    await call.read()
+    await client.AddRequest(request("frozen-owner", 10_000, owner="fe-frozen"))
+    started = asyncio.get_running_loop().time()
+    await wait_for_finishes(rows, {"frozen-owner"})  # no renewal was ever sent
+    lapsed_after = asyncio.get_running_loop().time() - started
+    (final,) = [r for r in rows if r.rid == "frozen-owner" and r.finish]
+    assert final.finish.kind == "abort" and "fe-frozen went away" in final.finish.message
+    assert 1.5 < lapsed_after < 5.0
+    while (beat := await call.read()) is not grpc.aio.EOF:  # the scheduler ended it
+        assert beat.info.model == "tokenline-tiny"
