@@ -159,7 +159,10 @@ def _tool(tool: ToolBody, index: int) -> openai_pb2.Tool:
     out.function.name = fn.name
     out.function.description = fn.description or ""
     if fn.parameters is not None:
-        out.function.parameters.CopyFrom(_struct(fn.parameters, f"tools[{index}].parameters"))
+        # As JSON text: a Struct would sort the keys, and the template prints the schema
+        # (and forced calls generate properties) in the client's order.
+        with _field(f"tools[{index}].function.parameters"):
+            out.function.parameters_json = json.dumps(fn.parameters, ensure_ascii=False)
     return out
 
 
@@ -179,7 +182,11 @@ def chat_request_to_proto(
         user=body.user or "",
         request_id=request_id,
     )
-    _set_present(out, body, ("max_completion_tokens", "top_logprobs", "add_generation_prompt"))
+    _set_present(
+        out,
+        body,
+        ("max_completion_tokens", "top_logprobs", "add_generation_prompt", "reasoning_effort"),
+    )
     if body.tool_choice is not None:
         with _field("tool_choice"):
             json_format.ParseDict(body.tool_choice, out.tool_choice)

@@ -64,10 +64,10 @@ UNSUPPORTED: dict[str, str] = {
     "function_call": "use tool_choice",
     "audio": "audio output is not supported",
     "prediction": "predicted outputs are not supported",
-    "reasoning_effort": "pass chat_template_kwargs for the model's own template",
     "verbosity": "not supported",
     "web_search_options": "not supported",
-    "tools[].function.strict": "tool calls are not constrained by their schema",
+    "tools[].function.strict": "only tool_choice 'required' or a named function constrains "
+    "calls by their schema",
     "structural_tag": "structural tags are not supported",
     "guided_whitespace_pattern": "not supported",
     "structured_outputs.whitespace_pattern": "not supported",

@@ -41,7 +41,7 @@ def _token_bytes(token: str, raw: Any) -> list[int]:
 
 def usage_to_dict(usage: openai_pb2.CompletionUsage) -> dict[str, Any]:
     details = usage.prompt_tokens_details
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
@@ -51,6 +51,10 @@ def usage_to_dict(usage: openai_pb2.CompletionUsage) -> dict[str, Any]:
             else None
         ),
     }
+    if usage.HasField("completion_tokens_details"):  # only with a reasoning parser
+        reasoning = usage.completion_tokens_details.reasoning_tokens
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return out
 
 
 def _put_usage(out: dict[str, Any], message: Message, include_usage: bool) -> None:
@@ -105,9 +109,11 @@ def _tool_call(call: openai_pb2.ToolCall, *, is_delta: bool) -> dict[str, Any]:
 
 def _delta(delta: openai_pb2.ChatDelta) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for field in ("role", "content", "reasoning_content"):
+    for field in ("role", "content"):
         if delta.HasField(field):
             out[field] = getattr(delta, field)
+    if delta.HasField("reasoning_content"):
+        _put_reasoning(out, delta.reasoning_content)
     if delta.tool_calls:
         out["tool_calls"] = [_tool_call(c, is_delta=True) for c in delta.tool_calls]
     return out
@@ -137,6 +143,12 @@ def chat_chunk_to_dict(
     return out
 
 
+def _put_reasoning(out: dict[str, Any], text: str) -> None:
+    """Under both names: ``reasoning_content`` (DeepSeek, SGLang, older vLLM) and
+    ``reasoning`` (vLLM's newer name)."""
+    out["reasoning_content"] = out["reasoning"] = text
+
+
 def _response_message(message: openai_pb2.ChatResponseMessage) -> dict[str, Any]:
     out: dict[str, Any] = {
         "role": message.role or "assistant",
@@ -144,7 +156,7 @@ def _response_message(message: openai_pb2.ChatResponseMessage) -> dict[str, Any]
         "refusal": None,
     }
     if message.HasField("reasoning_content"):
-        out["reasoning_content"] = message.reasoning_content
+        _put_reasoning(out, message.reasoning_content)
     if message.tool_calls:
         out["tool_calls"] = [_tool_call(c, is_delta=False) for c in message.tool_calls]
     return out

@@ -39,11 +39,18 @@ class PromptTokensDetails(_Out):
     cached_tokens: int
 
 
+class CompletionTokensDetails(_Out):
+    reasoning_tokens: int = Field(description="completion tokens up to the end of reasoning")
+
+
 class Usage(_Out):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None
+    completion_tokens_details: CompletionTokensDetails | None = Field(
+        None, description="only when the frontend runs a --reasoning-parser"
+    )
 
 
 class TopLogprob(_Out):
@@ -104,6 +111,7 @@ class ChatMessage(_Out):
     content: str | None
     refusal: None
     reasoning_content: str | None = None
+    reasoning: str | None = Field(None, description="the same as reasoning_content")
     tool_calls: list[ToolCall] | None = None
 
 
@@ -138,6 +146,7 @@ class ChatDelta(_Out):
     role: str | None = None
     content: str | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = Field(None, description="the same as reasoning_content")
     tool_calls: list[ToolCallDelta] | None = None
 
 

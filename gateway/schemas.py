@@ -47,7 +47,7 @@ class ChatMessageBody(_Body):
 class FunctionBody(_Body):
     name: str
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON Schema")
 
 
 class ToolBody(_Body):
@@ -128,6 +128,9 @@ class ChatCompletionBody(SharedRequestBody):
     add_generation_prompt: bool | None = None
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = Field(
+        None, description="handed to the chat template as the variable `reasoning_effort`"
+    )
 
 
 class CompletionBody(SharedRequestBody):

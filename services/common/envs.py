@@ -40,6 +40,8 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar(
             "TOKENLINE_REQUEST_TIMEOUT", "gateway per-request gRPC deadline in seconds (0: none)"
         ),
+        EnvVar("TOKENLINE_TOOL_CALL_PARSER", "frontend: tool-call syntax to read (hermes, ...)"),
+        EnvVar("TOKENLINE_REASONING_PARSER", "frontend: reasoning syntax to read (qwen3, ...)"),
         EnvVar("TOKENLINE_TLS_CERT", "PEM certificate a service serves (turns TLS on)"),
         EnvVar("TOKENLINE_TLS_KEY", "PEM private key of TOKENLINE_TLS_CERT"),
         EnvVar("TOKENLINE_TLS_CA", "PEM CA bundle verifying servers and, with mTLS, clients"),

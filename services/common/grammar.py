@@ -51,6 +51,18 @@ def build_grammar(spec: GrammarSpec) -> xgrammar.Grammar:
         raise GrammarError(_clean(str(exc))) from None
 
 
+def structural_tag_ebnf(structural_tag: str) -> str:
+    """An xgrammar structural tag (its JSON text) as EBNF text, which ``build_grammar``
+    reads back: how a grammar made of tags and JSON schemas (forced tool calls) travels
+    as an ordinary ``ebnf`` spec. GrammarError when xgrammar refuses it."""
+    import xgrammar
+
+    try:
+        return str(xgrammar.Grammar.from_structural_tag(structural_tag))
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise GrammarError(_clean(str(exc))) from None
+
+
 def choice_ebnf(choices: list[str]) -> str:
     """A grammar that matches exactly one of ``choices``. JSON string escapes are the
     EBNF literal's escapes, so any text (quotes, backslashes, newlines) survives."""

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from services.frontend.batch_tokenizer import DynamicBatchTokenizer
 from services.frontend.chat_template import ChatTemplate, ChatTokenization
 from services.frontend.limits import load_model_limits
 from services.frontend.metrics import FrontendMetrics
+from services.frontend.reasoning_parsers import REASONING_PARSERS
 from services.frontend.request_log import log_finished
 from services.frontend.server import FrontendServicer
 from services.frontend.serving_base import ServingContext
@@ -29,6 +31,7 @@ from services.frontend.serving_chat import ChatServing
 from services.frontend.serving_completion import CompletionServing
 from services.frontend.serving_generate import GenerateServing
 from services.frontend.tokenizer_manager import TokenizerManager
+from services.frontend.tool_parsers import TOOL_PARSERS
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = frontend_pb2.DESCRIPTOR.services_by_name["FrontendService"].full_name
@@ -49,6 +52,8 @@ class FrontendConfig:
     tokenizer_batch_window_ms: float
     tokenizer_max_batch_size: int
     chat_tokenization: ChatTokenization
+    tool_call_parser: str
+    reasoning_parser: str
     max_concurrent_rpcs: int
     drain_timeout: float
     log_level: str
@@ -61,6 +66,17 @@ def _addr_list(value: str) -> tuple[str, ...]:
     if not addrs:
         raise ValueError("at least one address is required")
     return addrs
+
+
+def _choice(names: Mapping[str, object]) -> Callable[[str], str]:
+    """An environment value that must be one of ``names`` (or empty: none)."""
+
+    def parse(value: str) -> str:
+        if value and value not in names:
+            raise ValueError(f"one of {sorted(names)}")
+        return value
+
+    return parse
 
 
 def parse_args(argv: list[str] | None = None) -> FrontendConfig:
@@ -117,6 +133,21 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
         default="auto",
         help="encode the rendered chat text, or tokenize inside apply_chat_template "
         "(auto: the latter only when the text round trip would lose control tokens)",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        choices=["", *TOOL_PARSERS],
+        metavar="{" + ",".join(TOOL_PARSERS) + "}",
+        default=env_default("TOKENLINE_TOOL_CALL_PARSER", "", _choice(TOOL_PARSERS)),
+        help="read the model's tool calls in this syntax (deepseek_v31: the default model); "
+        "needed for tool_choice 'required' or a named function (default: none)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=["", *REASONING_PARSERS],
+        metavar="{" + ",".join(REASONING_PARSERS) + "}",
+        default=env_default("TOKENLINE_REASONING_PARSER", "", _choice(REASONING_PARSERS)),
+        help="split <think> reasoning off the answer as reasoning_content (default: none)",
     )
     p.add_argument(
         "--max-concurrent-rpcs",
@@ -180,6 +211,8 @@ def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> 
         limits=limits,
         model_name=config.served_model_name or Path(config.model).resolve().name,
         chat_template=template,
+        tool_parser=TOOL_PARSERS.get(config.tool_call_parser),
+        reasoning_parser=REASONING_PARSERS.get(config.reasoning_parser),
     )
 
 

@@ -26,6 +26,8 @@ _RESERVED_KWARGS = frozenset(
     | {"tokenize", "chat_template", "tool_choice"}
 )
 _MAX_EXACT_INT = 2**53
+# OpenAI's values; the template decides what each means.
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
 @dataclass(slots=True)
@@ -154,15 +156,27 @@ def tool_choice_value(value: struct_pb2.Value, tools: list[dict[str, Any]]) -> s
 
 
 def template_kwargs(request: openai_pb2.ChatCompletionRequest) -> dict[str, Any]:
-    if not request.HasField("chat_template_kwargs"):
-        return {}
-    kwargs = plain(json_format.MessageToDict(request.chat_template_kwargs))
+    """chat_template_kwargs, plus ``reasoning_effort`` (a template variable, as in vLLM)."""
+    kwargs: dict[str, Any] = {}
+    if request.HasField("chat_template_kwargs"):
+        kwargs = plain(json_format.MessageToDict(request.chat_template_kwargs))
     clash = sorted(set(kwargs) & _RESERVED_KWARGS)
     if clash:
         raise InvalidArgumentError(
             f"{clash} are set by the request itself, not through chat_template_kwargs",
             field="chat_template_kwargs",
         )
+    if request.HasField("reasoning_effort"):
+        effort = request.reasoning_effort
+        if effort not in REASONING_EFFORTS:
+            raise InvalidArgumentError(
+                f"{effort!r} is not one of {list(REASONING_EFFORTS)}", field="reasoning_effort"
+            )
+        if kwargs.get("reasoning_effort", effort) != effort:
+            raise InvalidArgumentError(
+                "differs from chat_template_kwargs.reasoning_effort", field="reasoning_effort"
+            )
+        kwargs["reasoning_effort"] = effort
     return kwargs
 
 

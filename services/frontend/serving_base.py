@@ -24,8 +24,11 @@ from services.frontend.chat_template import ChatTemplate
 from services.frontend.limits import ModelLimits
 from services.frontend.output import ChoiceAccumulator, LogprobFormatter
 from services.frontend.params import FittedPrompt, RequestedParams, fit_prompt
+from services.frontend.reasoning_parsers import ReasoningParser
 from services.frontend.structured_output import GrammarChecker
 from services.frontend.tokenizer_manager import TokenizedRequest, TokenizerManager
+from services.frontend.tool_choice import ToolGrammars
+from services.frontend.tool_parsers import ToolParser
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +45,16 @@ class ServingContext:
     limits: ModelLimits
     model_name: str
     chat_template: ChatTemplate | None = None
+    grammars: GrammarChecker = dataclasses.field(default_factory=GrammarChecker)
+    # --tool-call-parser / --reasoning-parser: None reads no calls / no reasoning.
+    tool_parser: type[ToolParser] | None = None
+    reasoning_parser: type[ReasoningParser] | None = None
+    tool_grammars: ToolGrammars = dataclasses.field(default_factory=ToolGrammars)
 
     def current_limits(self) -> ModelLimits:
         """The model's limits with the context length the leased schedulers enforce, so a
         request is refused here exactly when no scheduler could serve it."""
         return self.limits.served_by(self.manager.router.context_length())
-    grammars: GrammarChecker = dataclasses.field(default_factory=GrammarChecker)
 
 
 @dataclass(slots=True)

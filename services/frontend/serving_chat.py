@@ -1,4 +1,5 @@
-"""Chat completions: template, tokenize, fan out n choices, assemble OpenAI output."""
+"""Chat completions: template, tokenize, fan out n choices, assemble OpenAI output
+(reasoning and tool calls read by the parsers in ``chat_output.py``)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,23 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from tokenline.v1 import common_pb2, openai_pb2
+from tokenline.v1 import common_pb2, detokenizer_pb2, openai_pb2
 
 from services.common.errors import UnavailableError
 from services.frontend.chat_messages import ChatInput, chat_input
+from services.frontend.chat_output import (
+    ChatParsing,
+    ChatPieces,
+    fill_delta,
+    fill_message,
+    set_reasoning_tokens,
+)
 from services.frontend.chat_template import ChatTemplate
-from services.frontend.output import finish_name, set_matched_stop, usage_of
+from services.frontend.output import set_matched_stop, usage_of
 from services.frontend.params import check_sampling, params_from_openai
 from services.frontend.serving_base import LogprobRequest, ServingBase, new_times
 from services.frontend.tokenizer_manager import TokenizedRequest
+from services.frontend.tool_choice import ReasoningLead, plan_tool_calls
 
 
 @dataclass(slots=True)
@@ -23,6 +32,7 @@ class PreparedChat:
     label: str  # the client's id: the response id is chatcmpl-<label>
     reqs: list[TokenizedRequest]
     logprob: LogprobRequest
+    parsing: ChatParsing
 
 
 class ChatServing(ServingBase):
@@ -33,15 +43,30 @@ class ChatServing(ServingBase):
         )
         requested = params_from_openai(request.sampling, max_completion)
         check_sampling(requested, self.limits)
-        await self.ctx.grammars.check(requested.params, requested.aliases)
         top = request.top_logprobs if request.HasField("top_logprobs") else 0
         logprob = LogprobRequest(request.logprobs, top)
         self.check_logprobs(logprob)
         template = self._template()
-        ids = await self._tokenize(template, chat_input(request, template.content_format), times)
+        chat = chat_input(request, template.content_format)
+        ids = await self._tokenize(template, chat, times)
+        lead = self._reasoning_lead(chat, ids)
+        tools = await plan_tool_calls(
+            chat, requested, self.ctx.tool_parser, lead, self.ctx.tool_grammars
+        )
+        await self.ctx.grammars.check(requested.params, requested.aliases)
         label = self.new_label(request.request_id)
         reqs = self.build_requests(label, requested, [ids], "messages", logprob, times)
-        return PreparedChat(label, reqs, logprob)
+        parsing = ChatParsing(self.ctx.reasoning_parser, lead == "required", tools)
+        return PreparedChat(label, reqs, logprob, parsing)
+
+    def _reasoning_lead(self, chat: ChatInput, prompt_ids: list[int]) -> ReasoningLead:
+        """Whether the output starts inside a reasoning block ("required"), may open one
+        ("optional"), or has none: from the prompt's last tokens and the template switches."""
+        parser = self.ctx.reasoning_parser
+        if parser is None:
+            return "none"
+        tail = self._decode(prompt_ids[-8:])
+        return "required" if parser.starts_inside(tail, chat.kwargs) else "optional"
 
     def _template(self) -> ChatTemplate:
         if self.ctx.chat_template is None:
@@ -74,16 +99,36 @@ class ChatServing(ServingBase):
             model=self.model_name,
             usage=usage_of(accs),
         )
+        num_reasoning = 0
         for i, acc in enumerate(accs):
-            choice = response.choices.add(index=i, finish_reason=finish_name(acc.finish))
-            choice.message.role = "assistant"
-            choice.message.content = acc.text
-            set_matched_stop(choice, acc.finish)
+            parser = prep.parsing.new_choice()
+            pieces = parser.parse(acc.text)
+            finish = acc.finish or common_pb2.FinishReason()
+            choice = response.choices.add(index=i, finish_reason=parser.finish_reason(finish))
+            fill_message(choice.message, pieces, prep.parsing.reads_reasoning)
+            num_reasoning += parser.num_reasoning_tokens(acc.output_ids, self._decode)
+            set_matched_stop(choice, finish)
             if prep.logprob.enabled:
                 choice.logprobs.CopyFrom(self.logprobs.chat_entries(acc.logprobs))
+        if prep.parsing.reads_reasoning:
+            set_reasoning_tokens(response.usage, num_reasoning)
         if accs and accs[0].times is not None:
             response.times.CopyFrom(accs[0].times)
         return response
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+    def _fill_choice(
+        self,
+        choice: openai_pb2.ChatChunkChoice,
+        pieces: ChatPieces,
+        row: detokenizer_pb2.StrRow,
+        logprob: LogprobRequest,
+    ) -> None:
+        fill_delta(choice.delta, pieces)
+        if logprob.enabled:
+            choice.logprobs.CopyFrom(self.logprobs.chat_entries(list(row.logprobs)))
 
     async def stream(
         self, request: openai_pb2.ChatCompletionRequest
@@ -96,25 +141,36 @@ class ChatServing(ServingBase):
         num_prompt = len(prep.reqs[0].input_ids)
         usages: list[common_pb2.Usage] = []
         num_out = [0] * len(prep.reqs)
+        parsers = [prep.parsing.new_choice() for _ in prep.reqs]
+        output_ids: list[list[int]] = [[] for _ in prep.reqs]  # for reasoning_tokens
+        num_reasoning = 0
         async with self.manager.open(prep.reqs) as rows:
             yield chunks.role_chunk(len(prep.reqs))  # only once every choice is accepted
             async for index, row in rows:
                 num_out[index] += len(row.output_ids)
                 usage = self.running_usage(num_prompt, num_out) if continuous else None
-                if row.text or row.logprobs:
+                parser, finished = parsers[index], row.HasField("finish_reason")
+                pieces = parser.feed(row.text)
+                if finished:
+                    pieces.extend(parser.finish())
+                if pieces or row.logprobs:
                     out = chunks.make(usage)
-                    choice = out.choices.add(index=index)
-                    choice.delta.content = row.text
-                    if prep.logprob.enabled:
-                        choice.logprobs.CopyFrom(self.logprobs.chat_entries(list(row.logprobs)))
+                    self._fill_choice(out.choices.add(index=index), pieces, row, prep.logprob)
                     yield out
-                if row.HasField("finish_reason"):
+                if prep.parsing.reads_reasoning:
+                    output_ids[index] += row.output_ids
+                if finished:
                     usages.append(row.usage)
-                    done = chunks.finish_chunk(index, row.finish_reason, usage)
+                    num_reasoning += parser.num_reasoning_tokens(output_ids[index], self._decode)
+                    reason = parser.finish_reason(row.finish_reason)
+                    done = chunks.finish_chunk(index, row.finish_reason, reason, usage)
                     done.times.CopyFrom(row.times)
                     yield done
         if include_usage:
-            yield chunks.make(usage_of(usages))
+            final = usage_of(usages)
+            if prep.parsing.reads_reasoning:
+                set_reasoning_tokens(final, num_reasoning)
+            yield chunks.make(final)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,10 +204,11 @@ class _ChunkMaker:
         self,
         index: int,
         finish: common_pb2.FinishReason,
+        reason: str,
         usage: openai_pb2.CompletionUsage | None,
     ) -> openai_pb2.ChatCompletionChunk:
         chunk = self.make(usage)
-        done = chunk.choices.add(index=index, finish_reason=finish_name(finish))
+        done = chunk.choices.add(index=index, finish_reason=reason)
         done.delta.SetInParent()
         set_matched_stop(done, finish)
         return chunk

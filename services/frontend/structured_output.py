@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from google.protobuf import json_format, struct_pb2
 from tokenline.v1 import openai_pb2
@@ -30,6 +31,9 @@ from services.common.sampling_params import GrammarKind, GrammarSpec, SamplingPa
 # OpenAI's json_object: any JSON object (SGLang sends the same schema for it).
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 # (client field, kind, grammar text) for each form a request used.
 _Form = tuple[str, GrammarKind, str]
@@ -123,6 +127,38 @@ def _whole_numbers(value: Any) -> Any:
     return value
 
 
+class BuildCache(Generic[K, V]):
+    """``build(key)`` on one worker thread, once per key, for the ``max_entries`` most
+    recently used keys; concurrent requests for one key share one build."""
+
+    def __init__(self, build: Callable[[K], V], max_entries: int, thread_name: str) -> None:
+        self.build = build
+        self.max_entries = max_entries
+        self.thread_name = thread_name
+        self._results: OrderedDict[K, Future[V]] = OrderedDict()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+    async def get(self, key: K) -> V:
+        # Shielded: a cancelled client must not cancel a build other requests wait for.
+        return await asyncio.shield(asyncio.wrap_future(self._future(key)))
+
+    def _future(self, key: K) -> Future[V]:
+        future = self._results.get(key)
+        if future is not None:
+            self._results.move_to_end(key)
+            return future
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=self.thread_name)
+        future = self._pool.submit(self.build, key)
+        self._results[key] = future
+        while len(self._results) > self.max_entries:
+            self._results.popitem(last=False)
+        return future
+
+
 class GrammarChecker:
     """Checks that a request's grammar parses, off the event loop, once per grammar.
 
@@ -131,32 +167,16 @@ class GrammarChecker:
     """
 
     def __init__(self, max_entries: int = 512) -> None:
-        self.max_entries = max_entries
-        self._results: OrderedDict[GrammarSpec, Future[str | None]] = OrderedDict()
-        self._pool: ThreadPoolExecutor | None = None
+        self._errors = BuildCache(_error_of, max_entries, "grammar-check")
 
     async def check(self, params: SamplingParams, aliases: dict[str, str]) -> None:
         """INVALID_ARGUMENT naming the client's field when the grammar does not parse."""
         spec = params.grammar
         if spec is None:
             return
-        # Shielded: a cancelled client must not cancel a build other requests wait for.
-        error = await asyncio.shield(asyncio.wrap_future(self._result(spec)))
+        error = await self._errors.get(spec)
         if error is not None:
             raise InvalidArgumentError(error, field=aliases.get(spec.kind, spec.kind))
-
-    def _result(self, spec: GrammarSpec) -> Future[str | None]:
-        future = self._results.get(spec)
-        if future is not None:
-            self._results.move_to_end(spec)
-            return future
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-check")
-        future = self._pool.submit(_error_of, spec)
-        self._results[spec] = future
-        while len(self._results) > self.max_entries:
-            self._results.popitem(last=False)
-        return future
 
 
 def _error_of(spec: GrammarSpec) -> str | None:

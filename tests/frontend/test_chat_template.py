@@ -13,6 +13,7 @@ from tokenline.v1 import openai_pb2
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from services.common.errors import InvalidArgumentError
+from services.common.tokenizer import load_tokenizer
 from services.frontend.chat_messages import chat_input
 from services.frontend.chat_template import ChatTemplate, loses_control_tokens
 
@@ -209,6 +210,12 @@ def test_a_tokenizer_that_splits_control_tokens_tokenizes_inside_the_template(
             "tool_choice",
         ),
         ([{"role": "user", "content": "x"}], {"tools": [{"type": "retrieval"}]}, "tools"),
+        ([{"role": "user", "content": "x"}], {"reasoning_effort": "max"}, "reasoning_effort"),
+        (
+            [{"role": "user", "content": "x"}],
+            {"reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "high"}},
+            "reasoning_effort",
+        ),
     ],
 )
 def test_invalid_chat_requests_name_the_field(
@@ -217,3 +224,23 @@ def test_invalid_chat_requests_name_the_field(
     with pytest.raises(InvalidArgumentError) as err:
         render(template, request(messages, **fields))
     assert err.value.field == field
+
+
+def test_reasoning_switches_reach_the_template(default_model_dir: Path) -> None:
+    """reasoning_effort and chat_template_kwargs (enable_thinking, thinking) are template
+    variables, the way Qwen3's and gpt-oss's templates read them."""
+    tokenizer = load_tokenizer(default_model_dir)
+    tokenizer.chat_template = (
+        "{{ bos_token }}effort={{ reasoning_effort | default('unset') }} "
+        "thinking={{ enable_thinking | default('unset') }}"
+        "{% for m in messages %}|{{ m.content }}{% endfor %}"
+    )
+    template = ChatTemplate(tokenizer)
+    messages = [{"role": "user", "content": "x"}]
+    got = render(template, request(messages))
+    assert got.endswith("effort=unset thinking=unset|x")
+    fields = {"reasoning_effort": "low", "chat_template_kwargs": {"enable_thinking": False}}
+    got = render(template, request(messages, **fields))
+    assert got.endswith("effort=low thinking=False|x")
+    same = {"reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "high"}}
+    assert "effort=high" in render(template, request(messages, **same))

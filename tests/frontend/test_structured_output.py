@@ -152,8 +152,8 @@ async def test_each_grammar_is_built_once_and_valid_ones_pass() -> None:
     checker = GrammarChecker(max_entries=2)
     requested = params_from_openai(sampling(guidedJson=SCHEMA_TEXT))
     await asyncio.gather(*(checker.check(requested.params, requested.aliases) for _ in range(5)))
-    assert len(checker._results) == 1
+    assert len(checker._errors) == 1
     for regex in ("a", "b", "c"):
         other = params_from_openai(sampling(guidedRegex=regex))
         await checker.check(other.params, other.aliases)
-    assert len(checker._results) == 2  # least recently used dropped
+    assert len(checker._errors) == 2  # least recently used dropped

@@ -15,7 +15,12 @@ from gateway.convert import (
     generate_request_to_proto,
 )
 from gateway.errors import GatewayError, error_body, param_from_loc
-from gateway.render import chat_chunk_to_dict, chat_completion_to_dict, completion_to_dict
+from gateway.render import (
+    chat_chunk_to_dict,
+    chat_completion_to_dict,
+    completion_to_dict,
+    usage_to_dict,
+)
 from gateway.schemas import ChatCompletionBody, CompletionBody, GenerateBody
 from gateway.sse import sse_frame
 
@@ -45,7 +50,7 @@ def test_chat_tools_tool_choice_and_history() -> None:
         stream_options={"include_usage": True},
     )
     assert req.request_id == "rid-1"
-    assert json_format.MessageToDict(req.tools[0].function.parameters) == {"type": "object"}
+    assert json.loads(req.tools[0].function.parameters_json) == {"type": "object"}
     assert json_format.MessageToDict(req.tool_choice)["function"] == {"name": "f"}
     assert req.messages[1].WhichOneof("content_kind") is None
     assert req.messages[1].tool_calls[0].function.arguments == "{}"
@@ -116,6 +121,40 @@ def test_tool_call_delta_and_message_shapes() -> None:
     assert rendered["tool_calls"] == [
         {"id": "c1", "type": "function", "function": {"arguments": "{}", "name": "f"}}
     ]
+
+
+def test_tool_schemas_keep_the_clients_key_order() -> None:
+    """A Struct would sort them; the template prints the schema as sent, and forced calls
+    generate properties in schema order."""
+    schema = {"type": "object", "properties": {"zeta": {}, "alpha": {}}, "required": ["zeta"]}
+    req = _chat(tools=[{"type": "function", "function": {"name": "f", "parameters": schema}}])
+    assert req.tools[0].function.parameters_json == json.dumps(schema)
+    assert not req.tools[0].function.HasField("parameters")
+
+
+def test_reasoning_effort_and_reasoning_shapes() -> None:
+    assert _chat(reasoning_effort="low").reasoning_effort == "low"
+    assert not _chat().HasField("reasoning_effort")
+    message = openai_pb2.ChatResponseMessage(role="assistant", content="4", reasoning_content="r")
+    usage = openai_pb2.CompletionUsage(
+        completion_tokens=5,
+        completion_tokens_details=openai_pb2.CompletionTokensDetails(reasoning_tokens=3),
+    )
+    completion = openai_pb2.ChatCompletion(
+        choices=[openai_pb2.ChatChoice(message=message, finish_reason="stop")], usage=usage
+    )
+    rendered = chat_completion_to_dict(completion, logprobs=False)
+    assert rendered["choices"][0]["message"]["reasoning_content"] == "r"
+    assert rendered["choices"][0]["message"]["reasoning"] == "r"  # vLLM's newer name
+    assert rendered["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3}
+    plain = chat_completion_to_dict(openai_pb2.ChatCompletion(usage=usage), logprobs=False)
+    assert "completion_tokens_details" not in usage_to_dict(openai_pb2.CompletionUsage())
+    assert plain["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3}
+    chunk = openai_pb2.ChatCompletionChunk(
+        choices=[openai_pb2.ChatChunkChoice(delta=openai_pb2.ChatDelta(reasoning_content="think"))]
+    )
+    delta = chat_chunk_to_dict(chunk, include_usage=False, logprobs=False)["choices"][0]["delta"]
+    assert delta == {"reasoning_content": "think", "reasoning": "think"}
 
 
 def test_non_finite_logprobs_stay_valid_json() -> None:
