@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -16,8 +15,8 @@ from tokenline.v1 import detokenizer_pb2, frontend_pb2, frontend_pb2_grpc
 
 from services.common.envs import env_default
 from services.common.grpc_server import GrpcProcess
-from services.common.logs import add_logging_args, setup_logging
-from services.common.tls import TlsSettings, add_tls_flags, pop_tls_settings
+from services.common.service_flags import parse_service_args, run_service, service_parser
+from services.common.tls import TlsSettings
 from services.common.tokenizer import load_tokenizer
 from services.frontend.batch_tokenizer import DynamicBatchTokenizer
 from services.frontend.chat_template import ChatTemplate, ChatTokenization
@@ -80,17 +79,11 @@ def _choice(names: Mapping[str, object]) -> Callable[[str], str]:
 
 
 def parse_args(argv: list[str] | None = None) -> FrontendConfig:
-    p = argparse.ArgumentParser(prog="tokenline-frontend", description=__doc__)
-    p.add_argument("--model", default=env_default("TOKENLINE_MODEL", "models/tokenline-tiny"))
+    p = service_parser("tokenline-frontend", __doc__, default_port=50051)
     p.add_argument(
         "--served-model-name",
         default="",
         help="name reported by /v1/models (default: the model folder's name)",
-    )
-    p.add_argument("--host", default=env_default("TOKENLINE_HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=env_default("TOKENLINE_PORT", 50051, int))
-    p.add_argument(
-        "--metrics-port", type=int, default=env_default("TOKENLINE_METRICS_PORT", 0, int)
     )
     p.add_argument(
         "--scheduler-addrs",
@@ -155,18 +148,12 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
         default=4096,
         help="RPCs past this get RESOURCE_EXHAUSTED",
     )
-    p.add_argument(
-        "--drain-timeout", type=float, default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, float)
-    )
-    add_logging_args(p)
-    add_tls_flags(p)
-    args = p.parse_args(argv)
-    tls = pop_tls_settings(args)
-    if isinstance(args.scheduler_addrs, str):
-        args.scheduler_addrs = _addr_list(args.scheduler_addrs)
-    if args.tokenizer_batch_window_ms < 0 or args.tokenizer_max_batch_size < 1:
+    args, tls = parse_service_args(p, argv)
+    if isinstance(args["scheduler_addrs"], str):
+        args["scheduler_addrs"] = _addr_list(args["scheduler_addrs"])
+    if args["tokenizer_batch_window_ms"] < 0 or args["tokenizer_max_batch_size"] < 1:
         p.error("--tokenizer-batch-window-ms must be >= 0 and --tokenizer-max-batch-size >= 1")
-    return FrontendConfig(**vars(args), tls=tls)
+    return FrontendConfig(**args, tls=tls)
 
 
 def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> ServingContext:
@@ -262,9 +249,7 @@ async def serve(config: FrontendConfig) -> None:
 
 
 def main() -> None:
-    config = parse_args()
-    setup_logging(config.log_level, config.log_json)
-    asyncio.run(serve(config))
+    run_service(parse_args, serve)
 
 
 if __name__ == "__main__":
