@@ -27,7 +27,7 @@ from pathlib import Path
 from tokenizers.decoders import DecodeStream
 
 from services.common.tokenizer import load_tokenizer
-from services.detokenizer.incremental import DecodeStatus
+from services.detokenizer.incremental import create_decode_status
 from services.detokenizer.manager import DetokenizerManager
 from services.detokenizer.text_decoder import DecodeFlags, TextDecoder
 
@@ -63,22 +63,19 @@ def run_decode_stream(backend, streams: list[list[int]]) -> list[str]:
 
 def run_core(decoder: TextDecoder, streams: list[list[int]]) -> list[str]:
     """The manager's decode path without protos: windows, one batched decode, commit."""
-    states = [DecodeStatus.create([], decoder, FLAGS, reply_to="") for _ in streams]
+    states = [create_decode_status([], decoder, FLAGS, reply_to="") for _ in streams]
     out = [[] for _ in streams]
     for step in range(len(streams[0])):
-        work = []
-        for state, ids in zip(states, streams, strict=True):
-            if state.undecoded is not None:
-                state.feed(ids[step : step + 1], decoder, final=False)
-                continue
-            state.ids.append(ids[step])
-            if (window := state.stream_window(decoder)) is not None:
-                work.append((state, *window))
-        texts = decoder.decode_batch([seq for _, _, seq in work], FLAGS)
-        for (state, end, _), text in zip(work, texts, strict=True):
-            state.commit(end, text, decoder)
-        for s, state in enumerate(states):
-            out[s].append(state.take_delta(final=False))
+        asks = [
+            state.add_ids(ids[step : step + 1], decoder, final=False)
+            for state, ids in zip(states, streams, strict=True)
+        ]
+        texts = decoder.decode_batch([seq for seqs in asks for seq in seqs], FLAGS)
+        start = 0
+        for state, seqs, deltas in zip(states, asks, out, strict=True):
+            got = texts[start : start + len(seqs)] if seqs else ()
+            deltas.append(state.stream_delta(got, decoder))
+            start += len(seqs)
     return ["".join(o) for o in out]
 
 

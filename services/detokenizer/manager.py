@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from tokenline.v1 import common_pb2, detokenizer_pb2, scheduler_pb2
 
-from services.detokenizer.incremental import DecodeStatus
+from services.detokenizer.decode_status import DecodeStatus
+from services.detokenizer.incremental import create_decode_status
 from services.detokenizer.stop_strings import first_stop_at
 from services.detokenizer.text_decoder import DecodeFlags, TextDecoder
 
@@ -43,9 +44,8 @@ class _RowWork:
     row: scheduler_pb2.TokenIDRow
     state: DecodeStatus
     is_final: bool
-    end: int = 0  # stream window: read offset after a commit
-    seqs: tuple[list[int], ...] = ()
-    texts: tuple[str, ...] = ()
+    seqs: tuple[list[int], ...] = ()  # what the state asked to have decoded
+    texts: tuple[str, ...] = ()  # their decodes
 
 
 class DetokenizerManager:
@@ -119,7 +119,7 @@ class DetokenizerManager:
 
     def _create_state(self, row: scheduler_pb2.TokenIDRow, source: str) -> DecodeStatus:
         flags = DecodeFlags(row.skip_special_tokens, row.spaces_between_special_tokens)
-        return DecodeStatus.create(
+        return create_decode_status(
             list(row.prompt_tail_ids),
             self.decoder,
             flags,
@@ -143,15 +143,7 @@ class DetokenizerManager:
         new_ids = list(row.new_token_ids)
         if item.is_final and self._drops_matched_token(row, state):
             new_ids.pop()
-        if state.undecoded is not None:
-            state.feed(new_ids, self.decoder, final=item.is_final)
-            return item
-        state.ids.extend(new_ids)
-        if item.is_final:
-            item.seqs = tuple(state.final_windows())
-        elif (window := state.stream_window(self.decoder)) is not None:
-            item.end, seq = window
-            item.seqs = (seq,)
+        item.seqs = state.add_ids(new_ids, self.decoder, final=item.is_final)
         return item
 
     def _decode(self, work: list[_RowWork]) -> None:
@@ -184,12 +176,9 @@ class DetokenizerManager:
         if len(row.logprobs):
             out.logprobs.extend(row.logprobs)
         if not item.is_final:
-            if item.texts:
-                state.commit(item.end, item.texts[0], self.decoder)
-            out.text = state.take_delta(final=False)
+            out.text = state.stream_delta(item.texts, self.decoder)
             return
-        state.pending = self._final_remainder(item)
-        out.text = state.take_delta(final=True)
+        out.text = self._final_remainder(item)
         out.finish_reason.CopyFrom(row.finish_reason)
         out.times.CopyFrom(row.times)
         out.times.detokenized = time.time()
@@ -199,27 +188,21 @@ class DetokenizerManager:
     def _final_remainder(self, item: _RowWork) -> str:
         """The output text not sent yet, as the full decode ends it, stop string trimmed."""
         state, fr = item.state, item.row.finish_reason
-        if state.undecoded is not None:
-            remainder = state.pending  # the byte engine is exact; its last feed flushed
-        else:
-            full = state.final_text(item.texts[0], item.texts[1], self.decoder)
-            sent = state.sent_text()
-            if not full.startswith(sent):
-                self._count_unstable(item.row.rid, len(sent))
-            remainder = full[len(sent) :]
+        remainder, is_stable = state.final_remainder(item.texts, self.decoder)
+        if not is_stable:
+            self._count_unstable(item.row.rid)
         if fr.WhichOneof("matched") == "matched_str" and not state.no_stop_trim:
             # Sent text never holds the start of a stop, so the first match is in here.
             cut = first_stop_at(remainder, (*state.stop, fr.matched_str), 0)
             remainder = remainder if cut is None else remainder[:cut]
         return remainder
 
-    def _count_unstable(self, rid: str, num_sent: int) -> None:
+    def _count_unstable(self, rid: str) -> None:
         self.stats.num_unstable_decodes += 1
         logger.error(
-            "rid=%s: the full decode does not extend the %d characters sent; "
+            "rid=%s: the full decode does not extend the text sent; "
             "this tokenizer's decode is not local enough for incremental decoding",
             rid,
-            num_sent,
         )
 
 
