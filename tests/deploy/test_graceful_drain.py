@@ -9,10 +9,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tokenline.v1 import common_pb2, frontend_pb2_grpc, generate_pb2
 
 from services.launch import LocalStack, StackPorts
 from tests.live_stack import dump_logs
+from tests.waiting import eventually
 
 NEW_TOKENS = 48
 
@@ -42,6 +44,19 @@ def generate_request(rid: str) -> generate_pb2.GenerateReqInput:
     )
 
 
+async def is_draining(channel: grpc.aio.Channel) -> bool:
+    """The process has begun its drain: its health says NOT_SERVING, or it takes no new
+    call at all. It flips health and starts refusing work in one step of its event
+    loop (GrpcProcess.serve_until_signal), so either answer means work is refused."""
+    try:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=5
+        )
+    except grpc.aio.AioRpcError:
+        return True
+    return reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
 async def stream_through_sigterm(stack: LocalStack, victim: str) -> None:
     async with grpc.aio.insecure_channel(stack.addr("frontend")) as channel:
         stub = frontend_pb2_grpc.FrontendServiceStub(channel)
@@ -51,7 +66,8 @@ async def stream_through_sigterm(stack: LocalStack, victim: str) -> None:
         async for response in call:
             if not ids:
                 stack.procs[victim].send_signal(signal.SIGTERM)
-                await asyncio.sleep(0.5)
+                async with grpc.aio.insecure_channel(stack.addr(victim)) as health:
+                    await eventually(lambda: is_draining(health), 10, f"{victim} draining")
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
                     await stub.Generate(generate_request("drain-2"), timeout=10)
                 assert refused.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -136,7 +136,9 @@ async def test_a_cancelled_caller_does_not_disturb_the_others(
     texts = prompts(5)
     try:
         tasks = [asyncio.create_task(batcher.encode(t)) for t in texts]
-        await asyncio.sleep(0.01)
+        # Not a timed wait: a zero sleep yields one loop pass, in which every new task
+        # runs up to its await, so all five texts are queued when the third is cancelled.
+        await asyncio.sleep(0)
         tasks[2].cancel()
         release.set()
         done = await asyncio.gather(*tasks, return_exceptions=True)

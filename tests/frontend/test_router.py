@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import grpc
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from services.frontend.router import SchedulerRouter
+from tests.waiting import eventually
 
 
 class BeatingScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
@@ -60,13 +61,6 @@ async def serving(
             await channel.close()
         for server in servers:
             await server.stop(None)
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager
@@ -125,12 +119,26 @@ async def test_served_dtype_joins_the_replicas_differences() -> None:
         assert router.served_dtype() == "bfloat16,float32"
 
 
+class CountingStub:
+    """A scheduler stub that counts the router's Attach calls."""
+
+    def __init__(self, stub: scheduler_pb2_grpc.SchedulerServiceStub) -> None:
+        self.stub = stub
+        self.num_attaches = 0
+
+    def Attach(self, *args, **kwargs):  # noqa: N802
+        self.num_attaches += 1
+        return self.stub.Attach(*args, **kwargs)
+
+
 async def test_nothing_is_up_while_no_replica_answers() -> None:
     channel = grpc.aio.insecure_channel("127.0.0.1:1")  # nothing listens there
     try:
-        stubs = {"127.0.0.1:1": scheduler_pb2_grpc.SchedulerServiceStub(channel)}
+        stub = CountingStub(scheduler_pb2_grpc.SchedulerServiceStub(channel))
+        stubs = {"127.0.0.1:1": stub}
         async with started(SchedulerRouter(stubs, "fe")) as router:
-            await asyncio.sleep(0.3)
+            # A second Attach means the first one has failed and been handled.
+            await eventually(lambda: stub.num_attaches >= 2)
             assert router.served_dtype() == "" and not router.any_answering()
     finally:
         await channel.close()

@@ -31,6 +31,7 @@ from transformers import PreTrainedTokenizerBase
 from services.launch import LocalStack
 from tests.frontend.test_params import INVALID_OPENAI
 from tests.live_stack import running_stack
+from tests.waiting import eventually
 
 LONG = 3000  # tokens: far more than a test waits for
 
@@ -69,10 +70,7 @@ class Clients:
         return await self.scheduler.GetInfo(scheduler_pb2.ServerInfoRequest())
 
     async def wait_until(self, check, timeout: float = 30.0) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not await check():
-            assert asyncio.get_running_loop().time() < deadline, "state did not settle in time"
-            await asyncio.sleep(0.05)
+        await eventually(check, timeout, "settled state", poll=0.05)
 
     async def is_idle(self) -> bool:
         fe = await self.frontend_info()

@@ -24,12 +24,15 @@ from tokenline.v1 import (
 
 from services.common.errors import AlreadyExistsError, UnavailableError
 from services.common.sampling_params import SamplingParams
+from services.frontend.request_state import ReqStage
 from services.frontend.tokenizer_manager import TokenizedRequest, TokenizerManager
+from tests.waiting import eventually
 
 
 class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(self) -> None:
         self.events: list[tuple[str, str]] = []
+        self.received: list[str] = []  # rids whose AddRequest arrived, answered or not
         self.add_delay = 0.0
         self.refuse: set[str] = set()
         self.on_add = None
@@ -43,6 +46,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
                 await asyncio.wait_for(self.lease_ended.wait(), 0.05)
 
     async def AddRequest(self, request, context):  # noqa: N802
+        self.received.append(request.rid)
         await asyncio.sleep(self.add_delay)
         if request.rid in self.refuse:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, "rid: in flight elsewhere")
@@ -93,6 +97,24 @@ class Harness:
         reqs = [TokenizedRequest(rid, [5, 6, 7], SamplingParams(max_new_tokens=8)) for rid in rids]
         return [item async for item in self.manager.generate(reqs)]
 
+    def stage(self, rid: str) -> ReqStage | None:
+        state = self.manager.table.get(rid)
+        return None if state is None else state.stage
+
+    async def rows_routed(self) -> None:
+        """Return once every row sent so far has been routed: a marker request's final
+        row travels behind them on the same ordered subscription stream."""
+        rid = f"marker-{len(self.scheduler.received)}"
+        marker = asyncio.create_task(self.consume(rid))
+        await added(self, rid)
+        self.detokenizer.send(rid, "", final=True)
+        await marker
+
+    async def settled(self) -> None:
+        """Close the manager: close waits for every AbortReq it still had to send, so
+        what the scheduler recorded afterwards is final."""
+        await self.manager.close()
+
 
 @pytest.fixture
 async def harness() -> AsyncIterator[Harness]:
@@ -103,13 +125,6 @@ async def harness() -> AsyncIterator[Harness]:
     yield h
     await h.manager.close()
     await h.server.stop(None)
-
-
-async def eventually(check, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 async def added(h: Harness, rid: str) -> None:
@@ -125,8 +140,9 @@ async def test_a_finished_request_leaves_no_state_and_sends_no_abort(harness: Ha
     rows = await harness.consume("r1")
     assert "".join(r.text for _, r in rows) == "hello"
     assert rows[-1][1].HasField("finish_reason")
-    await asyncio.sleep(0.1)
-    assert len(harness.manager.table) == 0 and harness.scheduler.aborts() == []
+    assert len(harness.manager.table) == 0
+    await harness.settled()
+    assert harness.scheduler.aborts() == []
 
 
 async def test_a_consumer_that_is_behind_gets_one_coalesced_row(harness: Harness) -> None:
@@ -134,7 +150,8 @@ async def test_a_consumer_that_is_behind_gets_one_coalesced_row(harness: Harness
         for piece in ["a", "b", "c", "d"]:
             harness.detokenizer.send(request.rid, piece)
         harness.detokenizer.send(request.rid, "e", final=True)
-        await asyncio.sleep(0.3)  # every row is routed before the consumer looks
+        # Every row is routed before the consumer looks (it starts once this returns).
+        await eventually(lambda: harness.stage(request.rid) is ReqStage.FINISHED)
 
     harness.scheduler.on_add = play
     rows = await harness.consume("r1")
@@ -147,12 +164,13 @@ async def test_cancel_while_receiving_sends_exactly_one_abort(harness: Harness) 
     task = asyncio.create_task(harness.consume("r1"))
     await added(harness, "r1")
     harness.detokenizer.send("r1", "partial")
-    await asyncio.sleep(0.05)
+    await eventually(lambda: harness.stage("r1") is ReqStage.RECEIVING)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await eventually(lambda: harness.scheduler.aborts() == ["r1"])
     harness.detokenizer.send("r1", "late", final=True)  # rows after the cancel change nothing
-    await asyncio.sleep(0.2)
+    await harness.rows_routed()
+    await harness.settled()
     assert harness.scheduler.aborts() == ["r1"] and harness.manager.num_aborts_sent == 1
     assert len(harness.manager.table) == 0
 
@@ -160,7 +178,7 @@ async def test_cancel_while_receiving_sends_exactly_one_abort(harness: Harness) 
 async def test_cancel_while_the_add_is_in_flight_aborts_after_it_lands(harness: Harness) -> None:
     harness.scheduler.add_delay = 0.4
     task = asyncio.create_task(harness.consume("r1"))
-    await asyncio.sleep(0.1)  # AddRequest sent, not answered yet
+    await eventually(lambda: "r1" in harness.scheduler.received)  # not answered yet
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert len(harness.manager.table) == 0
@@ -173,8 +191,9 @@ async def test_a_refused_dispatch_only_drops_local_state(harness: Harness) -> No
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await harness.consume("r1")
     assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
-    await asyncio.sleep(0.2)
-    assert harness.scheduler.events == [] and len(harness.manager.table) == 0
+    assert len(harness.manager.table) == 0
+    await harness.settled()
+    assert harness.scheduler.events == []
 
 
 async def test_when_one_choice_is_refused_the_dispatched_ones_are_aborted(
@@ -183,9 +202,9 @@ async def test_when_one_choice_is_refused_the_dispatched_ones_are_aborted(
     harness.scheduler.refuse = {"r-1"}
     with pytest.raises(grpc.aio.AioRpcError):
         await harness.consume("r-0", "r-1")
-    await eventually(lambda: harness.scheduler.aborts() == ["r-0"])
-    await asyncio.sleep(0.1)
-    assert harness.scheduler.aborts() == ["r-0"] and len(harness.manager.table) == 0
+    assert len(harness.manager.table) == 0
+    await harness.settled()
+    assert harness.scheduler.aborts() == ["r-0"]
 
 
 async def test_a_duplicate_in_flight_rid_is_refused_before_dispatch(harness: Harness) -> None:
@@ -222,7 +241,7 @@ async def test_a_scheduler_abort_row_ends_the_request_without_an_abort_back(
     ((index, row),) = await harness.consume("r1")  # a finish, not an error
     assert index == 0 and row.finish_reason.kind == common_pb2.FinishReason.KIND_ABORT
     assert row.finish_reason.message == "evicted"
-    await asyncio.sleep(0.2)
+    await harness.settled()
     assert harness.scheduler.aborts() == []
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,6 +10,7 @@ import grpc
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from services.launch import LocalStack, StackPorts
+from tests.waiting import wait_until
 
 # One engine thread: four engineers share two cores.
 SCHEDULER_ARGS = ["--kv-cache-tokens", "16384", "--num-threads", "1"]
@@ -58,9 +58,4 @@ def scheduler_load(stack: LocalStack) -> tuple[int, int]:
 
 def seconds_until_idle(stack: LocalStack, limit_s: float) -> float:
     """How long the scheduler took to hold no request; fails past `limit_s`."""
-    started = time.monotonic()
-    while scheduler_load(stack) != (0, 0):
-        elapsed = time.monotonic() - started
-        assert elapsed < limit_s, f"scheduler still busy after {elapsed:.2f}s"
-        time.sleep(0.02)
-    return time.monotonic() - started
+    return wait_until(lambda: scheduler_load(stack) == (0, 0), limit_s, "an idle scheduler", 0.02)

@@ -11,9 +11,11 @@ import httpx
 import pytest
 from fake_frontend import MODEL_ID, PIECES, TIMES, FakeFrontend, FakeFrontendServicer
 from gateway_harness import GatewayServer, StrictGateway
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway import routes_openai
 from gateway.config import GatewayConfig
+from tests.waiting import wait_until
 
 CHAT = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -115,9 +117,7 @@ def test_metadata_is_accepted_and_unknown_fields_are_refused(
     resp = httpx.post(f"{gateway_url}/v1/chat/completions", json=body, timeout=10)
     assert resp.status_code == 200
     assert fake.observed.last("ChatCompletion").messages[0].content == "hi"
-    resp = httpx.post(
-        f"{gateway_url}/v1/chat/completions", json=body | {"surprise": 1}, timeout=10
-    )
+    resp = httpx.post(f"{gateway_url}/v1/chat/completions", json=body | {"surprise": 1}, timeout=10)
     assert _assert_error_shape(resp, 400)["param"] == "surprise"
 
 
@@ -245,12 +245,31 @@ def test_health_follows_frontend_readiness(gateway_url: str, fake_frontend: Fake
     _assert_error_shape(httpx.get(f"{gateway_url}/health"), 503)
 
 
-def test_metrics_count_requests(gateway_url: str) -> None:
-    httpx.get(f"{gateway_url}/v1/models")
+def _models_served(gateway_url: str) -> tuple[float, float]:
+    """The gateway's (request count, latency observations) for GET /v1/models so far."""
     text = httpx.get(f"{gateway_url}/metrics").text
-    line = 'tokenline_gateway_requests_total{method="GET",route="/v1/models",status="200"}'
-    assert line in text
-    assert "tokenline_gateway_request_duration_seconds_bucket" in text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    ok = (("method", "GET"), ("route", "/v1/models"), ("status", "200"))
+    route = (("route", "/v1/models"),)
+    return (
+        samples.get(("tokenline_gateway_requests_total", ok), 0.0),
+        samples.get(("tokenline_gateway_request_duration_seconds_count", route), 0.0),
+    )
+
+
+def test_metrics_count_requests(gateway_url: str) -> None:
+    # The gateway lives for the whole session: other tests' requests are counted too,
+    # so only the change across this one request says it was counted.
+    before = _models_served(gateway_url)
+    assert httpx.get(f"{gateway_url}/v1/models").status_code == 200
+    # The middleware counts a request after its last byte went out: it may trail the reply.
+    wait_until(lambda: _models_served(gateway_url) != before, what="the request counted")
+    count, latencies = _models_served(gateway_url)
+    assert (count, latencies) == (before[0] + 1, before[1] + 1)
 
 
 def test_openapi_documents_request_bodies(gateway_url: str) -> None:

@@ -32,6 +32,7 @@ from gateway.config import GatewayConfig
 from services.launch import LocalStack
 from services.scheduler.model.config import ModelConfig
 from services.scheduler.model.dtype import AUTO, choose_dtype
+from tests.waiting import eventually
 
 USER = [{"role": "user", "content": "Name three colours, please."}]
 PROMPT = "The quick brown fox"
@@ -410,8 +411,7 @@ async def test_unary_disconnect_frees_the_scheduler_within_2s(
     body = {"model": model_id, "prompt": PROMPT} | LONG
     async with httpx.AsyncClient(timeout=60) as http:
         task = asyncio.ensure_future(http.post(f"{root}/v1/completions", json=body))
-        while scheduler_load(stack)[1] < 1:
-            await asyncio.sleep(0.02)
+        await eventually(lambda: scheduler_load(stack)[1] >= 1, 30, "the request running")
         task.cancel()  # the client gives up on a non-streamed request
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -8,14 +8,16 @@ Rows are published from a worker thread, as the engine thread does.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import grpc
 from tokenline.v1 import detokenizer_pb2, detokenizer_pb2_grpc
 
 from services.launch import free_port
-from services.scheduler.detokenizer_pusher import DetokenizerPusher
+from services.scheduler.detokenizer_pusher import MAX_UNSENT_STEPS, DetokenizerPusher
 from services.scheduler.engine import OutputRow
 from tests.scheduler.factories import make_req
+from tests.waiting import eventually
 
 
 class RecordingDetokenizer(detokenizer_pb2_grpc.DetokenizerServiceServicer):
@@ -45,9 +47,15 @@ async def test_nothing_is_lost_before_connect_and_a_broken_stream_aborts_its_req
     pusher.start()
     # Produced on the engine thread while no detokenizer listens: publish blocks past
     # max_unsent steps, so it runs on a thread as the engine would.
-    early = asyncio.create_task(asyncio.to_thread(publish_all, pusher, expected[:10]))
-    await asyncio.sleep(1.0)
-    assert not early.done()  # more than max_unsent steps: the engine thread waits
+    progress = Progress()
+    early = asyncio.create_task(asyncio.to_thread(publish_all, pusher, expected[:10], progress))
+    await eventually(lambda: progress.started == MAX_UNSENT_STEPS + 1)
+    assert progress.returned == MAX_UNSENT_STEPS  # the first max_unsent went through
+    # The step past max_unsent must not return. Nothing shows "blocked" from outside, so
+    # this is a bounded wait: with room, publish returns at once; without, it keeps
+    # retrying every 0.2 s.
+    await asyncio.sleep(0.5)
+    assert progress.returned == MAX_UNSENT_STEPS and not early.done()
     server = grpc.aio.server()
     recorder = RecordingDetokenizer(drop_first_stream_after=12)
     detokenizer_pb2_grpc.add_DetokenizerServiceServicer_to_server(recorder, server)
@@ -68,6 +76,19 @@ async def test_nothing_is_lost_before_connect_and_a_broken_stream_aborts_its_req
     assert abort_reasons == ["detokenizer stream lost"]
 
 
-def publish_all(pusher: DetokenizerPusher, rids: list[str]) -> None:
+@dataclass
+class Progress:
+    """How far a publishing thread got (it alone writes): publish calls entered and returned."""
+
+    started: int = 0
+    returned: int = 0
+
+
+def publish_all(
+    pusher: DetokenizerPusher, rids: list[str], progress: Progress | None = None
+) -> None:
+    progress = progress or Progress()
     for rid in rids:
+        progress.started += 1
         pusher.publish(row(rid))
+        progress.returned += 1
