@@ -186,7 +186,7 @@ def bare_forward(
     )
     sync(device)
     t0 = time.perf_counter()
-    scheduler.model.forward(batch, scheduler.kv_pool)
+    scheduler.runner.model.forward(batch, scheduler.kv_pool)
     sync(device)
     return time.perf_counter() - t0
 
@@ -311,7 +311,7 @@ def main() -> None:
     report = {
         "args": asdict(args),
         "machine": machine,
-        "dtype": str(next(scheduler.model.parameters()).dtype).removeprefix("torch."),
+        "dtype": str(next(scheduler.runner.model.parameters()).dtype).removeprefix("torch."),
         "throughput": [asdict(r) for r in rows],
         "ttft": ttft,
     }

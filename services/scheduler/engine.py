@@ -4,6 +4,11 @@
 stops, release what finished, and return the rows to send downstream. It is
 single-threaded by contract (the engine thread owns it); tests call it directly.
 
+Owns the scheduling policy, every ``Req``'s state, KV slot allocation (through
+``KVCacheManager``), sampling and stop checks. The forward itself, and every device
+tensor it needs, belong to ``ModelRunner``: the scheduler hands it a ``ForwardPlan``
+of host lists and gets back the logits of the rows it samples.
+
 Scheduling per step, under a token budget: running requests first (decodes take
 one token each; a prompt being prefilled takes a chunk), retracting the
 lowest-priority, newest running request when KV runs out; then waiting requests
@@ -19,7 +24,6 @@ from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
 
 import torch
 
@@ -28,11 +32,10 @@ from services.common.errors import (
     InvalidArgumentError,
     ResourceExhaustedError,
 )
-from services.scheduler.forward_batch import ForwardBatch
 from services.scheduler.grammar import GrammarCompiler, create_request_grammar
 from services.scheduler.kv_cache import KVCacheManager
 from services.scheduler.kv_pool import KVPool
-from services.scheduler.model.config import ModelConfig
+from services.scheduler.model_runner import CausalLM, ForwardPlan, ModelRunner
 from services.scheduler.req import DecodeFlags, FinishInfo, LogprobEntry, Req, ReqStatus
 from services.scheduler.sampler import SampleOutput, Sampler
 from services.scheduler.stats import FinishedReqStats, SchedulerStats
@@ -40,12 +43,6 @@ from services.scheduler.stop_checker import StopChecker
 from services.scheduler.waiting_queue import WaitingQueue
 
 logger = logging.getLogger(__name__)
-
-
-class CausalLM(Protocol):
-    config: ModelConfig
-
-    def forward(self, batch: ForwardBatch, kv_pool: KVPool) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +122,12 @@ class StepPlan:
     prefix_lens: list[int] = field(default_factory=list)  # tokens already in KV before this step
     rids: set[str] = field(default_factory=set)
 
+    def forward_plan(self, logit_rows: list[int]) -> ForwardPlan:
+        """What the model runner needs of this plan; call once scheduling is done (the
+        requests' slot lists are complete then)."""
+        kv_slots = [r.kv_slots for r in self.reqs]
+        return ForwardPlan(self.chunks, self.prefix_lens, kv_slots, logit_rows)
+
 
 class Scheduler:
     def __init__(
@@ -135,15 +138,14 @@ class Scheduler:
         config: SchedulerConfig,
         device: torch.device | str = "cpu",
     ) -> None:
-        self.model = model
-        self.kv_pool = kv_pool
+        self.runner = ModelRunner(model, kv_pool, device)
+        self.kv_pool = kv_pool  # the runner writes K/V into it; slots are allocated here
         self.kv = KVCacheManager(kv_pool, config.enable_prefix_cache)
         self.stop_checker = stop_checker
         self.config = config
-        self.device = device
         self.sampler = Sampler(device, stop_checker.eos_token_ids)
         self.grammars = GrammarCompiler(
-            stop_checker.tokenizer, model.config.vocab_size, stop_checker.eos_token_ids
+            stop_checker.tokenizer, self.runner.vocab_size, stop_checker.eos_token_ids
         )
         self._compiling: list[Req] = []  # waiting requests whose grammar is not compiled yet
         self.waiting = WaitingQueue()
@@ -164,7 +166,7 @@ class Scheduler:
             raise ResourceExhaustedError("scheduler waiting queue is full")
         self.validate(req)
         if req.params.seed is not None:
-            req.generator = torch.Generator(device=self.device)
+            req.generator = torch.Generator(device=self.runner.device)
             req.generator.manual_seed(req.params.seed)
         spec = req.params.grammar
         if spec is not None:  # compiled on the compiler's thread; scheduled once it is done
@@ -178,7 +180,7 @@ class Scheduler:
         """INVALID_ARGUMENT unless ``req`` could run here. The frontend validates too; this
         guards the engine from any other gRPC client. Reads only what never changes after
         construction (model shape, config, pool size), so any thread may call it."""
-        vocab_size = self.model.config.vocab_size
+        vocab_size = self.runner.vocab_size
         if not req.input_ids:
             raise InvalidArgumentError("prompt has no tokens", field="prompt")
         if min(req.input_ids) < 0 or max(req.input_ids) >= vocab_size:
@@ -365,23 +367,19 @@ class Scheduler:
         plan.budget -= num
 
     def _run(self, plan: StepPlan) -> list[OutputRow]:
-        batch = ForwardBatch.build(
-            plan.chunks, plan.prefix_lens, [r.kv_slots for r in plan.reqs], self.device
-        )
-        # The rows to sample are known once KV slots are planned: what the sampler needs
-        # beside the logits (grammar bitmasks) starts now and runs beside the forward.
+        # A request whose every token is in KV after this step samples its next one.
         rows = [i for i, r in enumerate(plan.reqs) if r.num_uncomputed == 0]
         reqs = [plan.reqs[i] for i in rows]
-        self.sampler.prepare(reqs, self.model.config.vocab_size, torch.device(self.device))
-        logits = self.model.forward(batch, self.kv_pool)
+        # What the sampler needs beside the logits (grammar bitmasks) is known now: it
+        # starts first and builds beside the forward.
+        self.sampler.prepare(reqs, self.runner.vocab_size, self.runner.device)
+        logits = self.runner.forward(plan.forward_plan(rows))
         self.stats.step_tokens.append(sum(map(len, plan.chunks)))
         for req, prefix_len in zip(plan.reqs, plan.prefix_lens, strict=True):
             if prefix_len < len(req.input_ids):
                 self.kv.cache_prefix(req)  # share the prompt as soon as it is computed
-        if not rows:
+        if not reqs:
             return []
-        if len(rows) < len(plan.reqs):
-            logits = logits[torch.tensor(rows, device=logits.device)]
         return self._commit(reqs, self.sampler.sample(logits, reqs))
 
     def _commit(self, reqs: list[Req], out: SampleOutput) -> list[OutputRow]:

@@ -4,6 +4,10 @@ Prefill chunks and decode tokens share one layout (SGLang's "extend" view):
 request ``i`` contributes ``extend_lens[i]`` new tokens whose positions end at
 ``seq_lens[i] - 1``; its full KV (cached prefix + new tokens) lives in the pool
 at ``kv_slots[i]``.
+
+Owns nothing long-lived: a step's device tensors, built from host lists by
+``ModelRunner`` (tests build one directly), read by the model and the attention
+backend, and dropped when the step ends.
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
 """The contract between the model and an attention kernel.
 
 The model computes q/k/v and hands them to a backend together with per-step
-metadata the backend planned once for the whole batch. The backend stores the new
-K/V in the pool and attends over each request's full context, so the model never
-knows how KV is laid out or which kernel runs.
+metadata the backend planned once for the whole batch (``ModelRunner`` asks for the
+plan). The backend stores the new K/V in the pool and attends over each request's
+full context, so the model never knows how KV is laid out or which kernel runs.
+
+A backend owns its kernel and the index tensors of its plan; the slots it writes and
+reads belong to the scheduler, which hands them over in the ``ForwardBatch``.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def plan(self, batch: ForwardBatch) -> AttentionMetadata:
-        """Derive index tensors and masks for ``batch``; called once per forward step."""
+        """Derive index tensors and masks for ``batch``; called once per forward step,
+        before any layer runs."""
 
     @abstractmethod
     def forward(

@@ -5,6 +5,10 @@ and decode tokens alike); positions come from the batch, K/V go to the pool, and
 the attention backend decides how each request sees its context. Numerics follow
 HF transformers' implementation so greedy generation matches it token for token.
 q/k/v and gate/up are fused into single matmuls; the loader splits HF weights in.
+
+Owns the network: its weights, the rotary tables and the attention backend its layers
+call (chosen at load). It does not decide which rows become logits or build a step's
+tensors: ``ModelRunner`` does, through ``hidden_states`` and ``compute_logits``.
 """
 
 from __future__ import annotations
@@ -175,22 +179,35 @@ class LlamaForCausalLM(nn.Module):
             return [c.intermediate_size, c.intermediate_size]
         raise KeyError(fused)
 
+    def hidden_states(
+        self, batch: ForwardBatch, meta: AttentionMetadata, kv_pool: KVPool
+    ) -> torch.Tensor:
+        """Final-norm hidden states [num_tokens, hidden] of every new token of ``batch``.
+
+        ``meta`` is ``self.attn_backend.plan(batch)``. Writes each layer's new K/V to
+        ``kv_pool`` at ``batch.out_cache_loc`` and nothing else.
+        """
+        dtype = self.model.embed_tokens.weight.dtype
+        cos, sin = self.rotary(batch.positions, dtype)
+        ctx = StepContext(self.attn_backend, meta, kv_pool, cos, sin)
+        return self.model(batch.input_ids, ctx)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits [rows, vocab] of the given hidden rows."""
+        return self.lm_head(hidden).float()
+
     @torch.inference_mode()
     def forward(
         self, batch: ForwardBatch, kv_pool: KVPool, *, all_logits: bool = False
     ) -> torch.Tensor:
-        """Run one step; return float32 logits [num_reqs, vocab] for each request's last new
-        token, or [num_tokens, vocab] for every new token when ``all_logits``.
+        """One standalone step, for tests and tools (serving goes through ``ModelRunner``,
+        which plans the batch itself and runs the LM head only on the rows it samples).
 
-        Writes each layer's new K/V to ``kv_pool`` at ``batch.out_cache_loc`` and nothing else.
+        Returns float32 logits [num_reqs, vocab] for each request's last new token, or
+        [num_tokens, vocab] for every new token when ``all_logits``.
         """
-        dtype = self.model.embed_tokens.weight.dtype
-        cos, sin = self.rotary(batch.positions, dtype)
-        meta = self.attn_backend.plan(batch)
-        ctx = StepContext(self.attn_backend, meta, kv_pool, cos, sin)
-        hidden = self.model(batch.input_ids, ctx)
+        hidden = self.hidden_states(batch, self.attn_backend.plan(batch), kv_pool)
         if not all_logits:
             last_rows = torch.tensor(batch.extend_lens, dtype=torch.int64, device=hidden.device)
-            last_rows = last_rows.cumsum(0) - 1
-            hidden = hidden[last_rows]
-        return self.lm_head(hidden).float()
+            hidden = hidden[last_rows.cumsum(0) - 1]
+        return self.compute_logits(hidden)
