@@ -190,7 +190,7 @@ def manager_text(decoder: TextDecoder, ids: list[int]) -> str:
 
 
 def bench_correctness(num_streams: int) -> list[dict]:
-    from tests.detokenizer.families import (
+    from bench.tokenizer_families import (
         bytelevel_family,
         sentencepiece_family,
         wordpiece_family,
