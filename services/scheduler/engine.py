@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -36,7 +35,7 @@ from services.scheduler.grammar import GrammarCompiler, create_request_grammar
 from services.scheduler.kv_cache import KVCacheManager
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model_runner import CausalLM, ForwardPlan, ModelRunner
-from services.scheduler.req import DecodeFlags, FinishInfo, LogprobEntry, Req, ReqStatus
+from services.scheduler.req import DecodeFlags, FinishInfo, LogprobEntry, Req, ReqStatus, ReqTimes
 from services.scheduler.sampler import SampleOutput, Sampler
 from services.scheduler.stats import FinishedReqStats, SchedulerStats
 from services.scheduler.stop_checker import StopChecker
@@ -82,7 +81,7 @@ class OutputRow:
     num_output_tokens: int
     num_cached_tokens: int
     logprobs: tuple[LogprobEntry, ...] = ()
-    times: Mapping[str, float] | None = None  # the request's stage stamps, on its final row
+    times: ReqTimes | None = None  # a copy of the request's stage stamps, on its final row
     init: RowInit | None = None
 
     @classmethod
@@ -107,7 +106,7 @@ class OutputRow:
             num_output_tokens=len(req.output_ids),
             num_cached_tokens=req.num_cached_tokens,
             logprobs=tuple(logprobs),
-            times=MappingProxyType(dict(req.times)) if finish is not None else None,
+            times=replace(req.times) if finish is not None else None,
             init=init,
         )
 
@@ -152,8 +151,8 @@ class Scheduler:
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
         self._pending_rows: list[OutputRow] = []  # final rows produced between steps
-        self.num_steps = 0
-        self.num_retractions = 0
+        # Every count the scheduler keeps (steps, tokens, retractions, ...) lives here, and
+        # only here, until ``take_stats`` hands it over.
         self.stats = SchedulerStats()
 
     # ---- requests in and out -------------------------------------------------
@@ -172,7 +171,8 @@ class Scheduler:
         if spec is not None:  # compiled on the compiler's thread; scheduled once it is done
             req.grammar = create_request_grammar(self.grammars, spec, req.params.stop_token_ids)
             self._compiling.append(req)
-        req.times.setdefault("queued", time.time())  # the RPC side stamps it on acceptance
+        if req.times.queued is None:  # the RPC side stamps it on acceptance
+            req.times.queued = time.time()
         self.reqs[req.rid] = req
         self.waiting.push(req)
 
@@ -231,7 +231,6 @@ class Scheduler:
         rows, self._pending_rows = self._pending_rows, []
         if plan.reqs:
             rows.extend(self._run(plan))
-            self.num_steps += 1
         elif self._compiling and not rows:
             # Nothing runnable until a grammar compiles: wait for one rather than spin.
             futures = [r.grammar.future for r in self._compiling if r.grammar is not None]
@@ -304,7 +303,8 @@ class Scheduler:
         return True
 
     def _retract_one(self, plan: StepPlan, keep: Req) -> bool:
-        """Preempt the lowest-priority, newest running request outside the plan."""
+        """Retract (send back to waiting) the lowest-priority, newest running request outside
+        the plan. Prometheus calls this a preemption."""
         victims = [r for r in self.running if r is not keep and r.rid not in plan.rids]
         if not victims:
             return False
@@ -313,8 +313,7 @@ class Scheduler:
         self.kv.release(victim)  # its KV stays cached (evictable): resuming may reuse it
         victim.status = ReqStatus.WAITING
         victim.num_retractions += 1
-        self.num_retractions += 1
-        self.stats.num_preemptions += 1
+        self.stats.num_retractions += 1
         self.waiting.push(victim)
         logger.info("retracted rid=%s (label %s) to free KV", victim.rid, victim.label)
         return True
@@ -347,7 +346,7 @@ class Scheduler:
             return False
         if req.num_retractions == 0:
             req.num_cached_tokens = min(num_matched, len(req.input_ids))
-            req.times["scheduled"] = time.time()
+            req.times.scheduled = time.time()
             if self.kv.tree is not None:
                 self.stats.num_prefix_cache_queries += len(req.input_ids)
                 self.stats.num_prefix_cache_hits += req.num_cached_tokens
@@ -388,7 +387,7 @@ class Scheduler:
         for req, token, logprob in zip(reqs, out.token_ids, out.logprobs, strict=True):
             req.output_ids.append(token)
             if req.last_token_time is None:
-                req.times["first_token"] = now
+                req.times.first_token = now
             self.stats.on_token(req, now)
             req.last_token_time = now
             finish = self.stop_checker.check(req)
@@ -410,7 +409,7 @@ class Scheduler:
             self.running.remove(req)
         req.finish = finish
         req.status = status
-        req.times["finished"] = time.time()
+        req.times.finished = time.time()
         self.kv.release(req)
         self.reqs.pop(req.rid, None)
         self.stats.finished.append(FinishedReqStats.of(req))

@@ -10,6 +10,9 @@ Two halves with one rule: only the engine thread touches ``Scheduler`` and ``Req
   detokenizer pusher, which moves them onto the event loop with
   ``call_soon_threadsafe`` and bounds how many steps may be in flight.
 
+After each step the engine thread publishes ``EngineStats`` (queue and KV gauges, read
+by any thread) and hands the step's ``SchedulerStats`` (the counts) to ``on_stats``.
+
 Torch releases the GIL during kernels, so both sides make progress.
 """
 
@@ -68,7 +71,8 @@ Command = AddCommand | AbortCommand | AbortStartedCommand | AbortOwnedCommand
 
 @dataclass(frozen=True, slots=True)
 class EngineStats:
-    """A snapshot published after every step; read from any thread."""
+    """The engine's state (queues and KV), published after every step; read from any
+    thread. Gauges only: what the engine counts goes through ``SchedulerStats``."""
 
     num_waiting: int = 0
     num_running: int = 0
@@ -76,8 +80,6 @@ class EngineStats:
     num_total_kv_tokens: int = 0
     num_cached_kv_tokens: int = 0  # in the prefix cache, shared or evictable
     num_evictable_kv_tokens: int = 0  # cached and held by no request
-    num_steps: int = 0
-    num_retractions: int = 0
 
 
 class LiveRids:
@@ -165,7 +167,7 @@ class EngineThread:
         self.scheduler.validate(req)
         self.live.claim(req.rid)
         # Accepted now: the wait for the engine's next step is queueing, not dispatch.
-        req.times["queued"] = time.time()
+        req.times.queued = time.time()
         try:
             self._submit(AddCommand(req))
         except ResourceExhaustedError:
@@ -278,6 +280,4 @@ class EngineThread:
             num_total_kv_tokens=s.kv_pool.num_tokens,
             num_cached_kv_tokens=s.kv.num_cached,
             num_evictable_kv_tokens=s.kv.num_evictable,
-            num_steps=s.num_steps,
-            num_retractions=s.num_retractions,
         )

@@ -5,6 +5,8 @@ repetition penalty, frequency and presence penalties, logit_bias, the min_tokens
 mask, then each grammar's allowed-token mask (last, so nothing can re-allow a token
 the grammar forbids). Each touches only the rows of requests that asked for it, so a
 batch of plain requests pays nothing.
+
+``index_tensor`` (ids as an index tensor) is defined here and shared with the sampler.
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ class PenaltyState:
     def create(cls, req: Req, vocab_size: int, device: torch.device) -> PenaltyState:
         counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
         if req.output_ids:  # created late, e.g. in a unit test: catch up
-            ids = _ids(req.output_ids, device)
+            ids = index_tensor(req.output_ids, device)
             counts.index_add_(0, ids, torch.ones(len(ids), device=device))
         prompt_mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-        prompt_mask[_ids(req.input_ids, device)] = True
+        prompt_mask[index_tensor(req.input_ids, device)] = True
         return cls(counts, prompt_mask)
 
 
@@ -79,7 +81,7 @@ class LogitsProcessor:
                 req.penalties = PenaltyState.create(req, vocab, device)
             states.append(req.penalties)
         params = [reqs[i].params for i in rows]
-        index = _ids(rows, device)
+        index = index_tensor(rows, device)
         sub = logits[index]
         counts = torch.stack([s.output_counts for s in states])
         generated = counts > 0
@@ -105,7 +107,9 @@ class LogitsProcessor:
         if rows:
             device = logits.device
             values = torch.tensor(biases, dtype=logits.dtype, device=device)
-            logits.index_put_((_ids(rows, device), _ids(tokens, device)), values, accumulate=True)
+            logits.index_put_(
+                (index_tensor(rows, device), index_tensor(tokens, device)), values, accumulate=True
+            )
 
     def _mask_stops_before_min_tokens(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         """Until a request has ``min_new_tokens`` outputs, nothing may end it: its stop token
@@ -122,10 +126,11 @@ class LogitsProcessor:
             tokens.extend(stops)
         if rows:
             device = logits.device
-            logits[_ids(rows, device), _ids(tokens, device)] = float("-inf")
+            logits[index_tensor(rows, device), index_tensor(tokens, device)] = float("-inf")
 
 
-def _ids(values: Sequence[int], device: torch.device) -> torch.Tensor:
+def index_tensor(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Row or token ids as an int64 index tensor on ``device``."""
     return torch.tensor(values, dtype=torch.int64, device=device)
 
 

@@ -52,7 +52,8 @@ class SchedulerMetrics:
         self.prefix_cache_hits = counter(
             "tokenline:prefix_cache_hits", "prompt tokens found in the prefix cache"
         ).labels(model_name)
-        self.preemptions = counter(
+        # vLLM's name for what the scheduler calls a retraction.
+        self.retractions = counter(
             "tokenline:num_preemptions", "running requests retracted to free KV"
         ).labels(model_name)
         success = Counter(
@@ -118,7 +119,7 @@ class SchedulerMetrics:
         self.generation_tokens.inc(stats.num_generation_tokens)
         self.prefix_cache_queries.inc(stats.num_prefix_cache_queries)
         self.prefix_cache_hits.inc(stats.num_prefix_cache_hits)
-        self.preemptions.inc(stats.num_preemptions)
+        self.retractions.inc(stats.num_retractions)
         for num in stats.step_tokens:
             self.iteration_tokens.observe(num)
         for seconds in stats.time_to_first_token_s:

@@ -1,5 +1,6 @@
-"""Protobuf <-> scheduler domain types. The only scheduler module besides the
-server and the pusher that imports *_pb2, so the engine stays transport-free.
+"""Protobuf <-> scheduler domain types (``Req``, ``ReqTimes``, ``FinishInfo``,
+``OutputRow``). The only scheduler module besides the server and the pusher that
+imports *_pb2, so the engine stays transport-free.
 Rows are converted on the event loop from immutable ``OutputRow`` snapshots: no
 function here reads a live ``Req``."""
 
@@ -9,16 +10,13 @@ from tokenline.v1 import common_pb2, scheduler_pb2
 
 from services.common.sampling_params import SamplingParams
 from services.scheduler.engine import OutputRow
-from services.scheduler.req import DecodeFlags, FinishInfo, Req
+from services.scheduler.req import DecodeFlags, FinishInfo, Req, ReqTimes
 
 _FINISH_KINDS = {
     "stop": common_pb2.FinishReason.KIND_STOP,
     "length": common_pb2.FinishReason.KIND_LENGTH,
     "abort": common_pb2.FinishReason.KIND_ABORT,
 }
-
-# The stamps a client may bring; the scheduler sets its own (queued, scheduled, ...).
-_CLIENT_TIME_FIELDS = ("received", "templated", "tokenized", "dispatched")
 
 
 def req_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> Req:
@@ -34,11 +32,35 @@ def req_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> Req:
             no_stop_trim=params.no_stop_trim,
             stop=tuple(params.stop),
         ),
-        times={f: getattr(pb.times, f) for f in _CLIENT_TIME_FIELDS if getattr(pb.times, f)},
+        times=times_from_pb(pb.times),
         priority=pb.priority if pb.HasField("priority") else 0,
         return_logprob=pb.logprob.return_logprob,
         top_logprobs_num=pb.logprob.top_logprobs_num,
         label=pb.label,
+    )
+
+
+def times_from_pb(pb: common_pb2.StageTimes) -> ReqTimes:
+    """The stamps a client may bring (0 is unset); the scheduler sets its own (queued, ...)."""
+    return ReqTimes(
+        received=pb.received or None,
+        templated=pb.templated or None,
+        tokenized=pb.tokenized or None,
+        dispatched=pb.dispatched or None,
+    )
+
+
+def times_to_pb(times: ReqTimes) -> common_pb2.StageTimes:
+    """Every stamp reached; one never reached stays 0 (unset)."""
+    return common_pb2.StageTimes(
+        received=times.received or 0.0,
+        templated=times.templated or 0.0,
+        tokenized=times.tokenized or 0.0,
+        dispatched=times.dispatched or 0.0,
+        queued=times.queued or 0.0,
+        scheduled=times.scheduled or 0.0,
+        first_token=times.first_token or 0.0,
+        finished=times.finished or 0.0,
     )
 
 
@@ -70,7 +92,7 @@ def row_to_pb(row: OutputRow) -> scheduler_pb2.TokenIDRow:
     if row.finish is not None:
         pb.finish_reason.CopyFrom(finish_to_pb(row.finish))
     if row.times is not None:
-        pb.times.CopyFrom(common_pb2.StageTimes(**row.times))
+        pb.times.CopyFrom(times_to_pb(row.times))
     if row.init is not None:
         flags = row.init.flags
         pb.has_init = True

@@ -1,4 +1,6 @@
-"""The scheduler's per-request state machine: waiting -> running -> finished | aborted."""
+"""The scheduler's per-request state: the ``Req`` state machine (waiting -> running ->
+finished | aborted) and the plain records it carries (``ReqTimes``, ``FinishInfo``,
+``DecodeFlags``). No protobuf here: ``protocol`` converts at the edge."""
 
 from __future__ import annotations
 
@@ -46,13 +48,28 @@ class DecodeFlags:
     stop: tuple[str, ...] = ()
 
 
+@dataclass(slots=True)
+class ReqTimes:
+    """Wall-clock stamps (``time.time()``) of a request's stages; ``None`` until reached.
+    The first four come from the client, the rest are the scheduler's own."""
+
+    received: float | None = None  # frontend: the request arrived
+    templated: float | None = None  # frontend: chat template rendered
+    tokenized: float | None = None  # frontend: prompt ids final
+    dispatched: float | None = None  # frontend: AddRequest sent
+    queued: float | None = None  # accepted into the waiting queue
+    scheduled: float | None = None  # first admitted into a forward batch
+    first_token: float | None = None  # first token sampled
+    finished: float | None = None  # last token sampled, or aborted
+
+
 @dataclass(slots=True, eq=False)
 class Req:
     rid: str
     input_ids: list[int]
     params: SamplingParams
     flags: DecodeFlags = field(default_factory=DecodeFlags)
-    times: dict[str, float] = field(default_factory=dict)
+    times: ReqTimes = field(default_factory=ReqTimes)
     priority: int = 0
     return_logprob: bool = False
     top_logprobs_num: int = 0

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from services.common.sampling_params import SamplingParams
-from services.scheduler.logits_processor import LogitsProcessor
+from services.scheduler.logits_processor import LogitsProcessor, index_tensor
 from services.scheduler.req import LogprobEntry, Req
 
 CANDIDATE_CAP = 1024
@@ -143,7 +143,7 @@ class Sampler:
         logits = logits.float()
         logprob_rows = [i for i, r in enumerate(reqs) if r.return_logprob]
         raw_logprobs = (
-            torch.log_softmax(logits[_ids(logprob_rows, logits.device)], dim=-1)
+            torch.log_softmax(logits[index_tensor(logprob_rows, logits.device)], dim=-1)
             if logprob_rows
             else None
         )
@@ -178,12 +178,12 @@ class Sampler:
         tokens = torch.zeros(len(reqs), dtype=torch.int64, device=device)
         greedy = [i for i, r in enumerate(reqs) if r.params.is_greedy]
         if greedy:
-            tokens[_ids(greedy, device)] = torch.argmax(_rows(logits, greedy), dim=-1)
+            tokens[index_tensor(greedy, device)] = torch.argmax(_rows(logits, greedy), dim=-1)
         groups = self.candidates(logits, reqs)
         if groups:
             uniforms = self._uniforms(reqs, device)
             for group in groups:
-                index = _ids(group.rows, device)
+                index = index_tensor(group.rows, device)
                 top = lambda index=index: torch.argmax(logits[index], dim=-1)  # noqa: E731
                 tokens[index] = group.draw(uniforms[index], top)
         return tokens
@@ -195,7 +195,7 @@ class Sampler:
         shared = [i for i, r in enumerate(reqs) if r.generator is None and not r.params.is_greedy]
         if shared:
             draws = torch.rand(len(shared), generator=self._default_generator, device=device)
-            uniforms[_ids(shared, device)] = draws
+            uniforms[index_tensor(shared, device)] = draws
         for i, req in enumerate(reqs):
             if req.generator is not None and not req.params.is_greedy:
                 draw = torch.rand(1, generator=req.generator, device=req.generator.device)
@@ -214,7 +214,7 @@ def _rows(tensor: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """Those rows of ``tensor``; the tensor itself (no copy) when they are all of it."""
     if rows == list(range(tensor.shape[0])):
         return tensor
-    return tensor[_ids(rows, tensor.device)]
+    return tensor[index_tensor(rows, tensor.device)]
 
 
 def _over_temperature(
@@ -282,7 +282,7 @@ def _top_candidates(
     groups = [_wide_nucleus(logits, reqs, [rows[j] for j, w in enumerate(is_wide) if w])]
     narrow = [j for j, w in enumerate(is_wide) if not w]
     if narrow:
-        index = _ids(narrow, device)
+        index = index_tensor(narrow, device)
         groups.append(Candidates([rows[j] for j in narrow], weights[index], token_ids[index]))
     return groups
 
@@ -335,7 +335,7 @@ def _candidate_probs(
     probs = torch.softmax(_over_temperature(values, temperatures), dim=-1)
     p_only = [j for j, flag in enumerate(is_p_only) if flag]
     if p_only:
-        index = _ids(p_only, logits.device)
+        index = index_tensor(p_only, logits.device)
         scaled = _over_temperature(_rows(logits, p_only), [temperatures[j] for j in p_only])
         probs[index] = torch.softmax(scaled, dim=-1).gather(1, token_ids[index])
     return probs, token_ids
@@ -358,7 +358,7 @@ def _logprob_entries(
     logprobs: torch.Tensor, tokens: torch.Tensor, rows: list[int], reqs: Sequence[Req]
 ) -> list[LogprobEntry]:
     """(token, logprob, top list) per row, with one device->host copy for the batch."""
-    chosen = tokens[_ids(rows, tokens.device)]
+    chosen = tokens[index_tensor(rows, tokens.device)]
     chosen_lp = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()
     chosen_ids = chosen.tolist()
     num_top = max(reqs[i].top_logprobs_num for i in rows)
@@ -373,7 +373,3 @@ def _logprob_entries(
         top = list(zip(top_ids[j][:k], top_values[j][:k], strict=True))
         entries.append((chosen_ids[j], chosen_lp[j], top))
     return entries
-
-
-def _ids(values: Sequence[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64, device=device)

@@ -1,10 +1,14 @@
-"""What the engine measures, as plain data: the metrics layer turns it into Prometheus.
+"""What the engine counts, as plain data: the metrics layer turns it into Prometheus.
 
-The engine thread appends to one ``SchedulerStats`` as requests move and hands it
-over after each step (``Scheduler.take_stats``), so the hot loop never touches a
-metrics library and tests can read exact counts without a registry.
+``SchedulerStats`` is the one owner of every count the scheduler keeps (steps, tokens,
+prefix-cache lookups, retractions, latency samples, finished requests). The scheduler
+adds to it as requests move and hands it over after each step
+(``Scheduler.take_stats``), so the hot loop never touches a metrics library and tests
+can read exact counts without a registry. Running totals live in the Prometheus
+counters, not here. Gauges (queue lengths, KV use) are not counts: they are read from
+their owners into ``EngineStats``.
 
-Latencies come from the request's wall-clock stamps (``Req.times``): ``queued``
+Latencies come from the request's wall-clock stamps (``ReqTimes``): ``queued``
 when the scheduler accepted it, ``scheduled`` at its first forward batch,
 ``first_token`` and ``finished``.
 """
@@ -32,8 +36,8 @@ class FinishedReqStats:
     def of(cls, req: Req) -> FinishedReqStats:
         assert req.finish is not None, "stats of a request that has not finished"
         t = req.times
-        queued, scheduled = t["queued"], t.get("scheduled")
-        first, finished = t.get("first_token"), t["finished"]
+        queued, scheduled, first, finished = t.queued, t.scheduled, t.first_token, t.finished
+        assert queued is not None and finished is not None, "a request left without its stamps"
         return cls(
             finish_reason=req.finish.kind,
             num_prompt_tokens=len(req.input_ids),
@@ -53,18 +57,24 @@ class SchedulerStats:
     num_generation_tokens: int = 0
     num_prefix_cache_queries: int = 0  # prompt tokens looked up at first admission
     num_prefix_cache_hits: int = 0  # of those, tokens found in the radix cache
-    num_preemptions: int = 0
+    num_retractions: int = 0  # running requests sent back to waiting to free KV
     step_tokens: list[int] = field(default_factory=list)  # tokens each forward computed
     time_to_first_token_s: list[float] = field(default_factory=list)
     inter_token_latency_s: list[float] = field(default_factory=list)
     finished: list[FinishedReqStats] = field(default_factory=list)
 
+    @property
+    def num_steps(self) -> int:
+        """Forward steps run: each adds one ``step_tokens`` entry."""
+        return len(self.step_tokens)
+
     def on_token(self, req: Req, now: float) -> None:
         """``req`` just got a sampled token; ``req.last_token_time`` is still the previous one's."""
         self.num_generation_tokens += 1
         if req.last_token_time is None:
+            assert req.times.queued is not None, "a token for a request never queued"
             self.num_prompt_tokens += len(req.input_ids)
-            self.time_to_first_token_s.append(now - req.times["queued"])
+            self.time_to_first_token_s.append(now - req.times.queued)
         else:
             self.inter_token_latency_s.append(now - req.last_token_time)
 

@@ -153,13 +153,13 @@ def test_retract_and_resume_gives_identical_tokens(
 ) -> None:
     roomy = make_scheduler(default_model_dir, enable_prefix_cache=prefix_cache)
     expected = run_to_completion(roomy, retraction_workload())
-    assert roomy.num_retractions == 0
+    assert roomy.stats.num_retractions == 0
     # Together they need ~115 slots at the end; each alone fits in 50.
     tight = make_scheduler(default_model_dir, kv_tokens=50, enable_prefix_cache=prefix_cache)
     got = run_to_completion(
         tight, retraction_workload(), after_step=lambda _: assert_kv_conserved(tight)
     )
-    assert tight.num_retractions > 0
+    assert tight.stats.num_retractions > 0
     assert got == expected
     assert_kv_returns_to_pool(tight)
 

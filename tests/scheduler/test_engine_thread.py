@@ -141,9 +141,9 @@ def test_output_rows_are_snapshots_that_share_nothing_with_the_req(
     # The engine went on mutating the Req; the first row still says what it said.
     assert first.num_output_tokens == 1 and len(req.output_ids) == 2
     assert row_to_pb(first).SerializeToString() == pb_before
-    assert second.times is not None and "finished" in second.times
-    req.times["finished"] = -1.0
-    assert second.times["finished"] != -1.0
+    assert second.times is not None and second.times.finished is not None
+    req.times.finished = -1.0
+    assert second.times.finished != -1.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         first.finish = None  # type: ignore[misc]
     # No field of a row can hold a Req: the transport cannot reach live engine state.

@@ -162,7 +162,7 @@ def test_retract_and_resume_keep_the_matcher(
     tight = make_scheduler(default_model_dir, kv_tokens=200, enable_prefix_cache=prefix_cache)
     reqs = workload()
     got = run_to_completion(tight, reqs, after_step=lambda _: assert_kv_conserved(tight))
-    assert tight.num_retractions > 0
+    assert tight.stats.num_retractions > 0
     assert got == expected
     for req in [*reqs[0], *reqs[2]]:
         assert_matches(tokenizer, req, PERSON)
