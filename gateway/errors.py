@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.responses import ErrorObject, ErrorResponse
 from services.common.errors import field_of
 
 logger = logging.getLogger(__name__)
@@ -70,7 +71,8 @@ def error_body(
     error_type = _ERROR_TYPES.get(
         status, "server_error" if status >= 500 else "invalid_request_error"
     )
-    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    error = ErrorObject(message=message, type=error_type, param=param, code=code)
+    return ErrorResponse(error=error).dump()
 
 
 def from_rpc_error(exc: grpc.aio.AioRpcError) -> GatewayError:

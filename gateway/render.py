@@ -1,8 +1,10 @@
-"""Response protos → JSON dicts shaped exactly as OpenAI's API returns them.
+"""Response protos → the response models of gateway/responses.py → JSON dicts.
 
-Proto3 cannot say "null", so the OpenAI nulls are decided here: `finish_reason`
-is null until a choice ends, `logprobs` is null unless asked for, and with
-`include_usage` every chunk but the last carries `"usage": null`.
+The models are the one definition of each JSON shape (and what /openapi.json shows);
+this module only decides what goes in them. Proto3 cannot say "null", so the OpenAI
+nulls are decided here: `finish_reason` is null until a choice ends, `logprobs` is null
+unless asked for, and with `include_usage` every chunk but the last carries
+`"usage": null`. A model field left unset is left out of the JSON.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from tokenline.v1 import common_pb2, generate_pb2, openai_pb2
 
+from gateway import responses as out
 from services.common.stages import stage_durations_ms
 
 # What vLLM sends for -inf logprobs: JSON has no infinity.
@@ -39,84 +42,128 @@ def _token_bytes(token: str, raw: Any) -> list[int]:
     return list(raw) if len(raw) else list(token.encode("utf-8"))
 
 
-def usage_to_dict(usage: openai_pb2.CompletionUsage) -> dict[str, Any]:
-    details = usage.prompt_tokens_details
-    out: dict[str, Any] = {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
-        "prompt_tokens_details": (
-            {"cached_tokens": details.cached_tokens}
-            if usage.HasField("prompt_tokens_details")
-            else None
-        ),
-    }
+def _created(message: Any) -> int:
+    return message.created or int(time.time())
+
+
+def _usage(usage: openai_pb2.CompletionUsage) -> out.Usage:
+    details = None
+    if usage.HasField("prompt_tokens_details"):
+        details = out.PromptTokensDetails(cached_tokens=usage.prompt_tokens_details.cached_tokens)
+    fields: dict[str, Any] = {}
     if usage.HasField("completion_tokens_details"):  # only with a reasoning parser
         reasoning = usage.completion_tokens_details.reasoning_tokens
-        out["completion_tokens_details"] = {"reasoning_tokens": reasoning}
-    return out
+        fields["completion_tokens_details"] = out.CompletionTokensDetails(
+            reasoning_tokens=reasoning
+        )
+    return out.Usage(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+        prompt_tokens_details=details,
+        **fields,
+    )
 
 
-def _put_usage(out: dict[str, Any], message: Message, include_usage: bool) -> None:
+def usage_to_dict(usage: openai_pb2.CompletionUsage) -> dict[str, Any]:
+    return _usage(usage).dump()
+
+
+def _extras(message: Any, *, include_usage: bool, debug: bool) -> dict[str, Any]:
+    """The response's optional tail: `usage` (null when asked for but not yet known) and
+    `debug`; an absent key stays absent."""
+    fields: dict[str, Any] = {}
     if message.HasField("usage"):
-        out["usage"] = usage_to_dict(message.usage)
+        fields["usage"] = _usage(message.usage)
     elif include_usage:
-        out["usage"] = None
+        fields["usage"] = None
+    if debug and message.HasField("times"):
+        fields["debug"] = _debug(message.times)
+    return fields
 
 
-def _chat_logprobs(logprobs: openai_pb2.ChoiceLogprobs) -> dict[str, Any]:
+def _debug(times: common_pb2.StageTimes) -> out.Debug:
+    """Where a request's time went, when the client asked (``X-Tokenline-Debug``): the
+    stamps and each stage in milliseconds, on a whole response or a finish chunk."""
+    return out.Debug(
+        times=json_format.MessageToDict(times, preserving_proto_field_name=True),
+        stages_ms=stage_durations_ms(times),
+    )
+
+
+def _top_logprob(entry: openai_pb2.TopLogprobEntry) -> out.TopLogprob:
+    return out.TopLogprob(
+        token=entry.token,
+        logprob=_finite(entry.logprob),
+        bytes=_token_bytes(entry.token, entry.bytes),
+    )
+
+
+def _chat_logprobs(logprobs: openai_pb2.ChoiceLogprobs) -> out.ChatLogprobs:
     content = [
-        {
-            "token": e.token,
-            "logprob": _finite(e.logprob),
-            "bytes": _token_bytes(e.token, e.bytes),
-            "top_logprobs": [
-                {
-                    "token": t.token,
-                    "logprob": _finite(t.logprob),
-                    "bytes": _token_bytes(t.token, t.bytes),
-                }
-                for t in e.top_logprobs
-            ],
-        }
+        out.TokenLogprob(
+            token=e.token,
+            logprob=_finite(e.logprob),
+            bytes=_token_bytes(e.token, e.bytes),
+            top_logprobs=[_top_logprob(t) for t in e.top_logprobs],
+        )
         for e in logprobs.content
     ]
-    return {"content": content, "refusal": None}
+    return out.ChatLogprobs(content=content, refusal=None)
 
 
-def _maybe_logprobs(choice: Message, requested: bool) -> dict[str, Any] | None:
-    if not (requested and choice.HasField("logprobs")):
-        return None
-    logprobs = choice.logprobs
-    if isinstance(logprobs, openai_pb2.CompletionLogprobs):
-        return _completion_logprobs(logprobs)
-    return _chat_logprobs(logprobs)
+def _completion_logprobs(logprobs: openai_pb2.CompletionLogprobs) -> out.CompletionLogprobs:
+    return out.CompletionLogprobs(
+        tokens=list(logprobs.tokens),
+        token_logprobs=[_finite(x) for x in logprobs.token_logprobs],
+        top_logprobs=[
+            {k: _finite(v) for k, v in json_format.MessageToDict(s).items()}
+            for s in logprobs.top_logprobs
+        ],
+        text_offset=list(logprobs.text_offset),
+    )
 
 
-def _tool_call(call: openai_pb2.ToolCall, *, is_delta: bool) -> dict[str, Any]:
-    """Deltas carry `index` and only the parts that are new; full messages carry all."""
-    function: dict[str, Any] = {"arguments": call.function.arguments}
-    if call.function.name or not is_delta:
-        function["name"] = call.function.name
-    out: dict[str, Any] = {"index": call.index} if is_delta else {}
-    if call.id or not is_delta:
-        out["id"] = call.id
-    if call.type or not is_delta:
-        out["type"] = call.type or "function"
-    out["function"] = function
-    return out
+def _has_logprobs(choice: Any, requested: bool) -> bool:
+    """Logprobs are written (else null) only when the request asked for them."""
+    return requested and choice.HasField("logprobs")
 
 
-def _delta(delta: openai_pb2.ChatDelta) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for field in ("role", "content"):
-        if delta.HasField(field):
-            out[field] = getattr(delta, field)
-    if delta.HasField("reasoning_content"):
-        _put_reasoning(out, delta.reasoning_content)
+def _tool_call(call: openai_pb2.ToolCall) -> out.ToolCall:
+    function = out.ToolCallFunction(name=call.function.name, arguments=call.function.arguments)
+    return out.ToolCall(id=call.id, type=call.type or "function", function=function)
+
+
+def _tool_call_delta(call: openai_pb2.ToolCall) -> out.ToolCallDelta:
+    """Only the parts that are new: `name`, `id` and `type` when the frontend sent them."""
+    function = out.ToolCallFunctionDelta(arguments=call.function.arguments)
+    if call.function.name:
+        function.name = call.function.name
+    delta = out.ToolCallDelta(index=call.index, function=function)
+    if call.id:
+        delta.id = call.id
+    if call.type:
+        delta.type = call.type
+    return delta
+
+
+def _reasoning(message: Any) -> dict[str, Any]:
+    """Under both names: ``reasoning_content`` (DeepSeek, SGLang, older vLLM) and
+    ``reasoning`` (vLLM's newer name); nothing when the proto has none."""
+    if not message.HasField("reasoning_content"):
+        return {}
+    text = message.reasoning_content
+    return {"reasoning_content": text, "reasoning": text}
+
+
+def _delta(delta: openai_pb2.ChatDelta) -> out.ChatDelta:
+    fields = _reasoning(delta)
+    for name in ("role", "content"):
+        if delta.HasField(name):
+            fields[name] = getattr(delta, name)
     if delta.tool_calls:
-        out["tool_calls"] = [_tool_call(c, is_delta=True) for c in delta.tool_calls]
-    return out
+        fields["tool_calls"] = [_tool_call_delta(c) for c in delta.tool_calls]
+    return out.ChatDelta(**fields)
 
 
 def chat_chunk_to_dict(
@@ -128,38 +175,35 @@ def chat_chunk_to_dict(
 ) -> dict[str, Any]:
     """One `chat.completion.chunk` SSE payload."""
     choices = [
-        {
-            "index": c.index,
-            "delta": _delta(c.delta),
-            "logprobs": _maybe_logprobs(c, logprobs),
-            "finish_reason": _optional(c, "finish_reason"),
-            "stop_reason": _matched_stop(c),
-        }
+        out.ChatChunkChoice(
+            index=c.index,
+            delta=_delta(c.delta),
+            logprobs=_chat_logprobs(c.logprobs) if _has_logprobs(c, logprobs) else None,
+            finish_reason=_optional(c, "finish_reason"),
+            stop_reason=_matched_stop(c),
+        )
         for c in chunk.choices
     ]
-    out = _header(chunk, "chat.completion.chunk") | {"choices": choices}
-    _put_usage(out, chunk, include_usage)
-    _put_debug(out, chunk, debug)
-    return out
+    return out.ChatCompletionChunk(
+        id=chunk.id,
+        object="chat.completion.chunk",
+        created=_created(chunk),
+        model=chunk.model,
+        choices=choices,
+        **_extras(chunk, include_usage=include_usage, debug=debug),
+    ).dump()
 
 
-def _put_reasoning(out: dict[str, Any], text: str) -> None:
-    """Under both names: ``reasoning_content`` (DeepSeek, SGLang, older vLLM) and
-    ``reasoning`` (vLLM's newer name)."""
-    out["reasoning_content"] = out["reasoning"] = text
-
-
-def _response_message(message: openai_pb2.ChatResponseMessage) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "role": message.role or "assistant",
-        "content": _optional(message, "content"),
-        "refusal": None,
-    }
-    if message.HasField("reasoning_content"):
-        _put_reasoning(out, message.reasoning_content)
+def _response_message(message: openai_pb2.ChatResponseMessage) -> out.ChatMessage:
+    fields = _reasoning(message)
     if message.tool_calls:
-        out["tool_calls"] = [_tool_call(c, is_delta=False) for c in message.tool_calls]
-    return out
+        fields["tool_calls"] = [_tool_call(c) for c in message.tool_calls]
+    return out.ChatMessage(
+        role=message.role or "assistant",
+        content=_optional(message, "content"),
+        refusal=None,
+        **fields,
+    )
 
 
 def chat_completion_to_dict(
@@ -167,31 +211,25 @@ def chat_completion_to_dict(
 ) -> dict[str, Any]:
     """The non-streamed `chat.completion` object."""
     choices = [
-        {
-            "index": c.index,
-            "message": _response_message(c.message),
-            "logprobs": _maybe_logprobs(c, logprobs),
-            "finish_reason": c.finish_reason or None,
-            "stop_reason": _matched_stop(c),
-        }
+        out.ChatChoice(
+            index=c.index,
+            message=_response_message(c.message),
+            logprobs=_chat_logprobs(c.logprobs) if _has_logprobs(c, logprobs) else None,
+            finish_reason=c.finish_reason or None,
+            stop_reason=_matched_stop(c),
+        )
         for c in completion.choices
     ]
-    out = _header(completion, "chat.completion") | {"choices": choices}
-    _put_usage(out, completion, include_usage=True)
-    _put_debug(out, completion, debug)
-    return out
-
-
-def _completion_logprobs(logprobs: openai_pb2.CompletionLogprobs) -> dict[str, Any]:
-    return {
-        "tokens": list(logprobs.tokens),
-        "token_logprobs": [_finite(x) for x in logprobs.token_logprobs],
-        "top_logprobs": [
-            {k: _finite(v) for k, v in json_format.MessageToDict(s).items()}
-            for s in logprobs.top_logprobs
-        ],
-        "text_offset": list(logprobs.text_offset),
-    }
+    extras = _extras(completion, include_usage=True, debug=debug)
+    return out.ChatCompletion(
+        id=completion.id,
+        object="chat.completion",
+        created=_created(completion),
+        model=completion.model,
+        choices=choices,
+        usage=extras.pop("usage"),
+        **extras,
+    ).dump()
 
 
 def completion_to_dict(
@@ -203,46 +241,46 @@ def completion_to_dict(
 ) -> dict[str, Any]:
     """A `text_completion` object: the whole response or one streamed chunk."""
     choices = [
-        {
-            "index": c.index,
-            "text": c.text,
-            "logprobs": _maybe_logprobs(c, logprobs),
-            "finish_reason": _optional(c, "finish_reason"),
-            "stop_reason": _matched_stop(c),
-        }
+        out.CompletionChoice(
+            index=c.index,
+            text=c.text,
+            logprobs=_completion_logprobs(c.logprobs) if _has_logprobs(c, logprobs) else None,
+            finish_reason=_optional(c, "finish_reason"),
+            stop_reason=_matched_stop(c),
+        )
         for c in completion.choices
     ]
-    out = _header(completion, "text_completion") | {"choices": choices}
-    _put_usage(out, completion, include_usage)
-    _put_debug(out, completion, debug)
-    return out
+    return out.Completion(
+        id=completion.id,
+        object="text_completion",
+        created=_created(completion),
+        model=completion.model,
+        choices=choices,
+        **_extras(completion, include_usage=include_usage, debug=debug),
+    ).dump()
 
 
-def _header(message: Any, object_name: str) -> dict[str, Any]:
-    return {
-        "id": message.id,
-        "object": message.object or object_name,
-        "created": message.created or int(time.time()),
-        "model": message.model,
-    }
+def _model(model: openai_pb2.Model) -> out.Model:
+    fields: dict[str, Any] = {}
+    if model.max_model_len:
+        fields["max_model_len"] = model.max_model_len
+    if model.dtype:
+        fields["dtype"] = model.dtype
+    return out.Model(
+        id=model.id,
+        object="model",
+        created=model.created,
+        owned_by=model.owned_by or "tokenline",
+        **fields,
+    )
 
 
 def model_to_dict(model: openai_pb2.Model) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": model.id,
-        "object": model.object or "model",
-        "created": model.created,
-        "owned_by": model.owned_by or "tokenline",
-    }
-    if model.max_model_len:
-        out["max_model_len"] = model.max_model_len
-    if model.dtype:
-        out["dtype"] = model.dtype
-    return out
+    return _model(model).dump()
 
 
 def model_list_to_dict(models: openai_pb2.ModelList) -> dict[str, Any]:
-    return {"object": models.object or "list", "data": [model_to_dict(m) for m in models.data]}
+    return out.ModelList(object="list", data=[_model(m) for m in models.data]).dump()
 
 
 def generate_to_dict(response: generate_pb2.GenerateResponse) -> dict[str, Any]:
@@ -250,15 +288,3 @@ def generate_to_dict(response: generate_pb2.GenerateResponse) -> dict[str, Any]:
     return json_format.MessageToDict(
         response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
-
-
-def _put_debug(out: dict[str, Any], message: Any, debug: bool) -> None:
-    """Where a request's time went, when the client asked (``X-Tokenline-Debug``): the
-    stamps and each stage in milliseconds, on a whole response or a finish chunk."""
-    if not debug or not message.HasField("times"):
-        return
-    times: common_pb2.StageTimes = message.times
-    out["debug"] = {
-        "times": json_format.MessageToDict(times, preserving_proto_field_name=True),
-        "stages_ms": stage_durations_ms(times),
-    }

@@ -1,19 +1,26 @@
-"""Response bodies as the gateway writes them (gateway/render.py), for /openapi.json.
+"""The one definition of each JSON response shape: gateway/render.py builds these models
+from the protos, and /openapi.json documents the same models, so the two cannot drift.
 
-Documentation only: routes return the rendered dicts, never these models. Every model
-forbids extra keys, so the live tests' check of real responses against the served
-schema catches a key render.py adds without saying so here.
+A required field is always written (``null`` where the type allows it); a field with a
+default is written only when render.py sets it (``dump`` drops unset fields), which is
+how OpenAI's present-but-null keys differ from its absent ones. Every model forbids
+extra keys. The native `/generate` body is proto JSON (its shape is generate.proto's);
+its models here only document it and let extra keys pass.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    def dump(self) -> dict[str, Any]:
+        """The JSON body: every field render.py set (``None`` → null), no others."""
+        return self.model_dump(exclude_unset=True)
 
 
 # ---- errors --------------------------------------------------------------------------
@@ -99,6 +106,7 @@ _DEBUG = Field(
 
 class _Header(_Out):
     id: str
+    object: str  # each response narrows it to its Literal, in this position
     created: int
     model: str
 

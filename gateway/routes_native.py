@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import grpc
@@ -23,7 +24,7 @@ from gateway.responses import (
     TokenizeResponse,
 )
 from gateway.schemas import DetokenizeBody, GenerateBody, TokenizeBody
-from gateway.sse import stream_response
+from gateway.sse import respond
 
 router = APIRouter()
 HEALTH_GENERATE_TIMEOUT_S = 10.0
@@ -46,12 +47,14 @@ async def generate(body: GenerateBody, request: Request) -> Response:
     check_extra_fields(body)
     proto = generate_request_to_proto(body, request.state.request_id)
     options = client.options(request.state.request_id)
-    if proto.stream:
-        return await stream_response(
-            request, client.stub.GenerateStream(proto, **options), generate_to_dict
-        )
-    call = client.stub.Generate(proto, **options)
-    return JSONResponse(generate_to_dict(await until_disconnected(request, call, call)))
+    return await respond(
+        request,
+        stream=proto.stream,
+        start_stream=partial(client.stub.GenerateStream, proto, **options),
+        start_unary=partial(client.stub.Generate, proto, **options),
+        render_frame=generate_to_dict,
+        render_whole=generate_to_dict,
+    )
 
 
 @router.post(
@@ -69,11 +72,9 @@ async def tokenize(body: TokenizeBody, request: Request) -> dict[str, Any]:
     )
     call = client.stub.Tokenize(proto, **client.options(request.state.request_id))
     reply = await until_disconnected(request, call, call)
-    return {
-        "tokens": list(reply.tokens),
-        "count": reply.count,
-        "max_model_len": reply.max_model_len,
-    }
+    return TokenizeResponse(
+        tokens=list(reply.tokens), count=reply.count, max_model_len=reply.max_model_len
+    ).dump()
 
 
 @router.post(
@@ -89,7 +90,7 @@ async def detokenize(body: DetokenizeBody, request: Request) -> dict[str, Any]:
     proto = detokenize_request_to_proto(body)
     call = client.stub.Detokenize(proto, **client.options(request.state.request_id))
     reply = await until_disconnected(request, call, call)
-    return {"prompt": reply.prompt}
+    return DetokenizeResponse(prompt=reply.prompt).dump()
 
 
 @router.get(
@@ -102,7 +103,7 @@ async def health(request: Request) -> Response:
     """200 when the frontend's gRPC readiness check says SERVING, else 503."""
     client: FrontendClient = request.state.frontend
     if await client.is_ready():
-        return JSONResponse({"status": "ok"})
+        return JSONResponse(HealthResponse(status="ok").dump())
     return JSONResponse(
         error_body(503, "frontend is not ready", code="unavailable"), status_code=503
     )
@@ -133,7 +134,7 @@ async def health_generate(request: Request) -> Response:
     except grpc.aio.AioRpcError as exc:
         message = f"one-token generation failed: {exc.code().name}"
         return JSONResponse(error_body(503, message, code="unavailable"), status_code=503)
-    return JSONResponse({"status": "ok"})
+    return JSONResponse(HealthResponse(status="ok").dump())
 
 
 @router.get(

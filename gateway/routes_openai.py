@@ -6,7 +6,6 @@ from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 from tokenline.v1 import frontend_pb2, openai_pb2
 
 from gateway.client import FrontendClient, until_disconnected
@@ -23,7 +22,7 @@ from gateway.render import (
 )
 from gateway.responses import ChatCompletion, ChatCompletionChunk, Completion, Model, ModelList
 from gateway.schemas import ChatCompletionBody, CompletionBody, SharedRequestBody
-from gateway.sse import stream_response
+from gateway.sse import respond
 from services.common.envs import TRUE_WORDS
 
 router = APIRouter(tags=["openai"])
@@ -53,19 +52,21 @@ async def chat_completions(body: ChatCompletionBody, request: Request) -> Respon
     rid: str = request.state.request_id
     check_extra_fields(body)
     proto = chat_request_to_proto(body, rid)
+    options = client.options(rid)
     debug = _wants_debug(request)
-    if body.stream:
-        call = client.stub.ChatCompletionStream(proto, **client.options(rid))
-        render = partial(
+    return await respond(
+        request,
+        stream=body.stream,
+        start_stream=partial(client.stub.ChatCompletionStream, proto, **options),
+        start_unary=partial(client.stub.ChatCompletion, proto, **options),
+        render_frame=partial(
             chat_chunk_to_dict,
             include_usage=_include_usage(body),
             logprobs=body.logprobs,
             debug=debug,
-        )
-        return await stream_response(request, call, render)
-    unary = client.stub.ChatCompletion(proto, **client.options(rid))
-    result = await until_disconnected(request, unary, unary)
-    return JSONResponse(chat_completion_to_dict(result, logprobs=body.logprobs, debug=debug))
+        ),
+        render_whole=partial(chat_completion_to_dict, logprobs=body.logprobs, debug=debug),
+    )
 
 
 @router.post(
@@ -87,12 +88,15 @@ async def completions(body: CompletionBody, request: Request) -> Response:
         logprobs=body.logprobs is not None,
         debug=_wants_debug(request),
     )
-    if body.stream:
-        call = client.stub.CompletionStream(proto, **client.options(rid))
-        return await stream_response(request, call, render)
-    unary = client.stub.Completion(proto, **client.options(rid))
-    result = await until_disconnected(request, unary, unary)
-    return JSONResponse(render(result))
+    options = client.options(rid)
+    return await respond(
+        request,
+        stream=body.stream,
+        start_stream=partial(client.stub.CompletionStream, proto, **options),
+        start_unary=partial(client.stub.Completion, proto, **options),
+        render_frame=render,
+        render_whole=render,
+    )
 
 
 async def _list_models(request: Request) -> openai_pb2.ModelList:

@@ -84,8 +84,9 @@ class StructuredOutputsBody(_Body):
     json_object: bool | None = None
 
 
-class SharedRequestBody(_Body):
-    """What chat and completions share: sampling (OpenAI + vLLM/SGLang extras), streaming."""
+class SamplingFieldsBody(_Body):
+    """The sampling fields every generation body shares, under the same names: OpenAI's,
+    vLLM's and SGLang's. Each body adds its own length limits and structured output."""
 
     temperature: float | None = None
     top_p: float | None = None
@@ -94,8 +95,6 @@ class SharedRequestBody(_Body):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
-    max_tokens: int | None = None
-    min_tokens: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
@@ -105,6 +104,13 @@ class SharedRequestBody(_Body):
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
+
+
+class SharedRequestBody(SamplingFieldsBody):
+    """What chat and completions share: sampling (OpenAI + vLLM/SGLang extras), streaming."""
+
+    max_tokens: int | None = None
+    min_tokens: int | None = None
     stream: bool = False
     stream_options: StreamOptionsBody | None = None
     user: str | None = None
@@ -143,27 +149,11 @@ class CompletionBody(SharedRequestBody):
     suffix: str | None = None
 
 
-class GenerateSamplingBody(_Body):
+class GenerateSamplingBody(SamplingFieldsBody):
     """`SamplingParams` (proto/tokenline/v1/common.proto) in SGLang's JSON names."""
 
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
     max_new_tokens: int | None = None
     min_new_tokens: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool | None = None
-    skip_special_tokens: bool | None = None
-    spaces_between_special_tokens: bool | None = None
-    no_stop_trim: bool | None = None
-    seed: int | None = None
-    n: int | None = None
-    logit_bias: dict[str, float] | None = None
     # SGLang's structured output: at most one.
     json_schema: str | dict[str, Any] | None = Field(None, description="a JSON Schema")
     regex: str | None = None

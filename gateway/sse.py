@@ -1,4 +1,5 @@
-"""Server-sent events: OpenAI's framing of a gRPC server stream.
+"""Server-sent events: OpenAI's framing of a gRPC server stream; and `respond`, every
+generation route's one choice between that stream and a single JSON body.
 
 Each message is one `data: {json}` frame and a clean end is `data: [DONE]`. A
 failure after the first frame cannot change the HTTP status any more, so it is
@@ -16,7 +17,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.client import until_disconnected
 from gateway.errors import GatewayError, from_rpc_error
@@ -69,3 +70,20 @@ async def stream_response(
     return StreamingResponse(
         relay(call, first, render), media_type="text/event-stream", headers=SSE_HEADERS
     )
+
+
+async def respond(
+    request: Request,
+    *,
+    stream: bool,
+    start_stream: Callable[[], grpc.aio.UnaryStreamCall],
+    start_unary: Callable[[], grpc.aio.UnaryUnaryCall],
+    render_frame: Render,
+    render_whole: Render,
+) -> Response:
+    """SSE frames from the streaming RPC when the client asked to stream, else the unary
+    RPC's answer as one JSON body. Only the RPC chosen is started."""
+    if stream:
+        return await stream_response(request, start_stream(), render_frame)
+    call = start_unary()
+    return JSONResponse(render_whole(await until_disconnected(request, call, call)))
