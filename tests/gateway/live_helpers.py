@@ -2,36 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
-
 import grpc
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-from services.launch import LocalStack, StackPorts
+from services.launch import LocalStack
 from tests.waiting import wait_until
-
-# One engine thread: four engineers share two cores.
-SCHEDULER_ARGS = ["--kv-cache-tokens", "16384", "--num-threads", "1"]
-
-
-@contextmanager
-def running_stack(model_dir: Path, log_dir: Path) -> Iterator[LocalStack]:
-    """Start the stack on free ports; on a failed start, print each service's log tail."""
-    stack = LocalStack(
-        str(model_dir), StackPorts.free(), scheduler_args=SCHEDULER_ARGS, log_dir=log_dir
-    )
-    try:
-        stack.start()
-    except BaseException:
-        for log in sorted(log_dir.glob("*.log")):
-            print(f"---- {log.name}\n{log.read_text(errors='replace')[-4000:]}")
-        raise
-    try:
-        yield stack
-    finally:
-        stack.stop()
 
 
 def sse_frames(raw: bytes) -> list[str]:

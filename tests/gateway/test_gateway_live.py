@@ -19,7 +19,6 @@ import pytest
 import torch
 from gateway_harness import GatewayServer
 from live_helpers import (
-    running_stack,
     scheduler_info,
     scheduler_load,
     seconds_until_idle,
@@ -45,12 +44,7 @@ def fake() -> None:
     """The real frontend answers here: override the suite's autouse fake-frontend reset."""
 
 
-@pytest.fixture(scope="module")
-def stack(
-    default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalStack]:
-    with running_stack(default_model_dir, tmp_path_factory.mktemp("live-logs")) as stack:
-        yield stack
+# ``stack``: the module's own live stack (tests/conftest.py).
 
 
 @pytest.fixture(scope="module")
