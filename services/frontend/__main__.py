@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
@@ -80,6 +81,19 @@ def _choice(names: Mapping[str, object]) -> Callable[[str], str]:
 
 def parse_args(argv: list[str] | None = None) -> FrontendConfig:
     p = service_parser("tokenline-frontend", __doc__, default_port=50051)
+    _add_routing_flags(p)
+    _add_request_flags(p)
+    _add_output_flags(p)
+    args, tls = parse_service_args(p, argv)
+    if isinstance(args["scheduler_addrs"], str):
+        args["scheduler_addrs"] = _addr_list(args["scheduler_addrs"])
+    if args["tokenizer_batch_window_ms"] < 0 or args["tokenizer_max_batch_size"] < 1:
+        p.error("--tokenizer-batch-window-ms must be >= 0 and --tokenizer-max-batch-size >= 1")
+    return FrontendConfig(**args, tls=tls)
+
+
+def _add_routing_flags(p: argparse.ArgumentParser) -> None:
+    """Where requests go, and how many RPCs this frontend takes at once."""
     p.add_argument(
         "--served-model-name",
         default="",
@@ -94,7 +108,20 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
         "--detokenizer-addr", default=env_default("TOKENLINE_DETOKENIZER_ADDR", "127.0.0.1:50053")
     )
     p.add_argument(
-        "--context-length", type=int, default=0, help="override the model's max_position_embeddings"
+        "--max-concurrent-rpcs",
+        type=int,
+        default=4096,
+        help="RPCs past this get RESOURCE_EXHAUSTED",
+    )
+
+
+def _add_request_flags(p: argparse.ArgumentParser) -> None:
+    """How a request is fitted and tokenized."""
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=0,
+        help="cap the context the schedulers report (0: theirs)",
     )
     p.add_argument(
         "--default-max-tokens",
@@ -127,6 +154,10 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
         help="encode the rendered chat text, or tokenize inside apply_chat_template "
         "(auto: the latter only when the text round trip would lose control tokens)",
     )
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
+    """How the model's output is read: tool calls and reasoning."""
     p.add_argument(
         "--tool-call-parser",
         choices=["", *TOOL_PARSERS],
@@ -142,18 +173,6 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
         default=env_default("TOKENLINE_REASONING_PARSER", "", _choice(REASONING_PARSERS)),
         help="split <think> reasoning off the answer as reasoning_content (default: none)",
     )
-    p.add_argument(
-        "--max-concurrent-rpcs",
-        type=int,
-        default=4096,
-        help="RPCs past this get RESOURCE_EXHAUSTED",
-    )
-    args, tls = parse_service_args(p, argv)
-    if isinstance(args["scheduler_addrs"], str):
-        args["scheduler_addrs"] = _addr_list(args["scheduler_addrs"])
-    if args["tokenizer_batch_window_ms"] < 0 or args["tokenizer_max_batch_size"] < 1:
-        p.error("--tokenizer-batch-window-ms must be >= 0 and --tokenizer-max-batch-size >= 1")
-    return FrontendConfig(**args, tls=tls)
 
 
 def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> ServingContext:
