@@ -73,63 +73,33 @@ class LocalStack:
         return f"{self.host}:{getattr(self.ports, name)}"
 
     def commands(self) -> dict[str, list[str]]:
-        py = sys.executable
+        """Each service's command line, in start order."""
+        detok, sched = self.addr("detokenizer"), self.addr("scheduler")
         tls = self.tls.to_args() if self.tls is not None else []
-        common = ["--model", self.model, "--host", self.host, *tls]
+        gateway = ["--host", self.host, "--port", str(self.ports.gateway)]
+        gateway += ["--frontend-addr", self.addr("frontend"), *tls, *self.gateway_args]
         return {
-            "detokenizer": [
-                py,
-                "-m",
-                "services.detokenizer",
-                *common,
-                "--port",
-                str(self.ports.detokenizer),
-                "--metrics-port",
-                str(self.ports.detokenizer_metrics),
-                *self.detokenizer_args,
-            ],
-            "scheduler": [
-                py,
-                "-m",
-                "services.scheduler",
-                *common,
-                "--port",
-                str(self.ports.scheduler),
-                "--metrics-port",
-                str(self.ports.scheduler_metrics),
-                "--detokenizer-addr",
-                self.addr("detokenizer"),
-                *self.scheduler_args,
-            ],
-            "frontend": [
-                py,
-                "-m",
-                "services.frontend",
-                *common,
-                "--port",
-                str(self.ports.frontend),
-                "--metrics-port",
-                str(self.ports.frontend_metrics),
-                "--scheduler-addrs",
-                self.addr("scheduler"),
-                "--detokenizer-addr",
-                self.addr("detokenizer"),
-                *self.frontend_args,
-            ],
-            "gateway": [
-                py,
-                "-m",
-                "gateway",
-                "--host",
-                self.host,
-                "--port",
-                str(self.ports.gateway),
-                "--frontend-addr",
-                self.addr("frontend"),
-                *tls,
-                *self.gateway_args,
-            ],
+            "detokenizer": self._service("detokenizer", self.detokenizer_args),
+            "scheduler": self._service(
+                "scheduler", ["--detokenizer-addr", detok, *self.scheduler_args]
+            ),
+            "frontend": self._service(
+                "frontend",
+                ["--scheduler-addrs", sched, "--detokenizer-addr", detok, *self.frontend_args],
+            ),
+            "gateway": [sys.executable, "-m", "gateway", *gateway],
         }
+
+    def _service(self, name: str, extra: list[str]) -> list[str]:
+        """``python -m services.<name>`` with the flags every gRPC service shares."""
+        tls = self.tls.to_args() if self.tls is not None else []
+        return [
+            *(sys.executable, "-m", f"services.{name}", "--model", self.model),
+            *("--host", self.host, *tls),
+            *("--port", str(getattr(self.ports, name))),
+            *("--metrics-port", str(getattr(self.ports, f"{name}_metrics"))),
+            *extra,
+        ]
 
     def start(self, timeout: float = 120.0, only: tuple[str, ...] = ()) -> None:
         """Start the four (or ``only`` those named: a second stack can add replicas that

@@ -148,56 +148,68 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
         if not (is_gen or inspect.iscoroutinefunction(behavior)):
             return handler  # sync behaviors run in grpc's thread pool; don't move them.
         rpc_type = _rpc_type(handler)
-        m = _MethodMetrics(self._metrics, (*_split_method(method), rpc_type))
-
-        def begin(request: Any) -> tuple[Any, float]:
-            m.started.inc()
-            if not handler.request_streaming:
-                m.received.inc()
-                return request, time.perf_counter()
-
-            async def counted() -> AsyncIterator[Any]:
-                async for message in request:
-                    m.received.inc()
-                    yield message
-
-            return counted(), time.perf_counter()
-
-        def finish(
-            context: grpc.aio.ServicerContext, error: BaseException | None, start: float
-        ) -> None:
-            m.handled(_code_name(context, error)).inc()
-            m.seconds.observe(time.perf_counter() - start)
-
-        async def wrapped_gen(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            request, start = begin(request)
-            error: BaseException | None = None
-            try:
-                async for response in behavior(request, context):
-                    m.sent.inc()
-                    yield response
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                finish(context, error, start)
-
-        async def wrapped_coro(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            request, start = begin(request)
-            error: BaseException | None = None
-            try:
-                response = await behavior(request, context)
-                if not handler.response_streaming:
-                    m.sent.inc()
-                return response
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                finish(context, error, start)
-
+        metered = _Metered(
+            _MethodMetrics(self._metrics, (*_split_method(method), rpc_type)), handler, behavior
+        )
         return _FACTORIES[rpc_type](
-            wrapped_gen if is_gen else wrapped_coro,
+            metered.generator if is_gen else metered.coroutine,
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+
+class _Metered:
+    """One method's behavior with its calls counted: started, each message received
+    and sent, and how it ended, with its duration."""
+
+    def __init__(
+        self, metrics: _MethodMetrics, handler: grpc.RpcMethodHandler, behavior: Callable
+    ) -> None:
+        self.m = metrics
+        self.handler = handler
+        self.behavior = behavior
+
+    def _begin(self, request: Any) -> tuple[Any, float]:
+        self.m.started.inc()
+        if not self.handler.request_streaming:
+            self.m.received.inc()
+            return request, time.perf_counter()
+        return self._counted(request), time.perf_counter()
+
+    async def _counted(self, request: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for message in request:
+            self.m.received.inc()
+            yield message
+
+    def _finish(
+        self, context: grpc.aio.ServicerContext, error: BaseException | None, start: float
+    ) -> None:
+        self.m.handled(_code_name(context, error)).inc()
+        self.m.seconds.observe(time.perf_counter() - start)
+
+    async def generator(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        request, start = self._begin(request)
+        error: BaseException | None = None
+        try:
+            async for response in self.behavior(request, context):
+                self.m.sent.inc()
+                yield response
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._finish(context, error, start)
+
+    async def coroutine(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        request, start = self._begin(request)
+        error: BaseException | None = None
+        try:
+            response = await self.behavior(request, context)
+            if not self.handler.response_streaming:
+                self.m.sent.inc()
+            return response
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._finish(context, error, start)

@@ -8,6 +8,8 @@ series carries ``model_name``, so replicas serving different models stay apart.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
@@ -27,91 +29,107 @@ _STEP_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 FINISH_REASONS = ("stop", "length", "abort")
 
 
+@dataclass(frozen=True, slots=True)
+class _Labelled:
+    """Makes each metric with the ``model_name`` label and returns its one child."""
+
+    model_name: str
+    registry: CollectorRegistry
+
+    def counter(self, name: str, doc: str) -> Any:
+        return Counter(name, doc, ["model_name"], registry=self.registry).labels(self.model_name)
+
+    def histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+        metric = Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry)
+        return metric.labels(self.model_name)
+
+    def gauge(self, name: str, doc: str) -> Any:
+        return Gauge(name, doc, ["model_name"], registry=self.registry).labels(self.model_name)
+
+
 class SchedulerMetrics:
     def __init__(self, model_name: str, registry: CollectorRegistry = REGISTRY) -> None:
-        labels = ["model_name"]
+        make = _Labelled(model_name, registry)
+        self._define_counters(make)
+        self._define_latencies(make)
+        self._define_sizes(make)
+        self._define_gauges(make)
 
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, labels, registry=registry)
-
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, labels, buckets=buckets, registry=registry)
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, labels, registry=registry)
-
-        self.prompt_tokens = counter(
+    def _define_counters(self, make: _Labelled) -> None:
+        self.prompt_tokens = make.counter(
             "tokenline:prompt_tokens", "prompt tokens of requests that got a first token"
-        ).labels(model_name)
-        self.generation_tokens = counter("tokenline:generation_tokens", "tokens sampled").labels(
-            model_name
         )
-        self.prefix_cache_queries = counter(
+        self.generation_tokens = make.counter("tokenline:generation_tokens", "tokens sampled")
+        self.prefix_cache_queries = make.counter(
             "tokenline:prefix_cache_queries", "prompt tokens looked up in the prefix cache"
-        ).labels(model_name)
-        self.prefix_cache_hits = counter(
+        )
+        self.prefix_cache_hits = make.counter(
             "tokenline:prefix_cache_hits", "prompt tokens found in the prefix cache"
-        ).labels(model_name)
+        )
         # vLLM's name for what the scheduler calls a retraction.
-        self.retractions = counter(
+        self.retractions = make.counter(
             "tokenline:num_preemptions", "running requests retracted to free KV"
-        ).labels(model_name)
+        )
         success = Counter(
             "tokenline:request_success",
             "requests that left the scheduler, by finish reason",
             ["model_name", "finished_reason"],
-            registry=registry,
+            registry=make.registry,
         )
-        self.request_success = {r: success.labels(model_name, r) for r in FINISH_REASONS}
+        self.request_success = {r: success.labels(make.model_name, r) for r in FINISH_REASONS}
 
-        self.time_to_first_token = histogram(
+    def _define_latencies(self, make: _Labelled) -> None:
+        self.time_to_first_token = make.histogram(
             "tokenline:time_to_first_token_seconds",
             "scheduler arrival to first sampled token",
             _LATENCY,
-        ).labels(model_name)
-        self.inter_token_latency = histogram(
+        )
+        self.inter_token_latency = make.histogram(
             "tokenline:inter_token_latency_seconds",
             "time between consecutive tokens of one request",
             _INTER_TOKEN,
-        ).labels(model_name)
-        self.e2e_latency = histogram(
+        )
+        self.e2e_latency = make.histogram(
             "tokenline:e2e_request_latency_seconds",
             "scheduler arrival to the request leaving the scheduler",
             _LATENCY,
-        ).labels(model_name)
-        self.queue_time = histogram(
+        )
+        self.queue_time = make.histogram(
             "tokenline:request_queue_time_seconds",
             "time waiting before the first forward batch",
             _LATENCY,
-        ).labels(model_name)
-        self.prefill_time = histogram(
+        )
+        self.prefill_time = make.histogram(
             "tokenline:request_prefill_time_seconds",
             "first forward batch to first token",
             _LATENCY,
-        ).labels(model_name)
-        self.decode_time = histogram(
+        )
+        self.decode_time = make.histogram(
             "tokenline:request_decode_time_seconds", "first token to last token", _LATENCY
-        ).labels(model_name)
-        self.request_prompt_tokens = histogram(
-            "tokenline:request_prompt_tokens", "prompt length of finished requests", _TOKENS
-        ).labels(model_name)
-        self.request_generation_tokens = histogram(
-            "tokenline:request_generation_tokens", "tokens generated per finished request", _TOKENS
-        ).labels(model_name)
-        self.iteration_tokens = histogram(
-            "tokenline:iteration_tokens_total", "tokens computed per engine step", _STEP_TOKENS
-        ).labels(model_name)
+        )
 
-        self.num_running = gauge(
+    def _define_sizes(self, make: _Labelled) -> None:
+        self.request_prompt_tokens = make.histogram(
+            "tokenline:request_prompt_tokens", "prompt length of finished requests", _TOKENS
+        )
+        self.request_generation_tokens = make.histogram(
+            "tokenline:request_generation_tokens", "tokens generated per finished request", _TOKENS
+        )
+        self.iteration_tokens = make.histogram(
+            "tokenline:iteration_tokens_total", "tokens computed per engine step", _STEP_TOKENS
+        )
+
+    def _define_gauges(self, make: _Labelled) -> None:
+        self.num_running = make.gauge(
             "tokenline:num_requests_running", "requests in the running batch"
-        ).labels(model_name)
-        self.num_waiting = gauge(
+        )
+        self.num_waiting = make.gauge(
             "tokenline:num_requests_waiting", "requests waiting to be scheduled"
-        ).labels(model_name)
-        self.kv_cache_usage = gauge(
+        )
+        self.kv_cache_usage = make.gauge(
             "tokenline:kv_cache_usage_perc",
             "fraction of the KV pool held by requests (1 = full); evictable cache counts free",
-        ).labels(model_name)
+        )
 
     def record(self, stats: SchedulerStats) -> None:
         """Add one hand-over of engine stats."""
