@@ -105,13 +105,14 @@ class ServingBase:
     def check_id_lists(self, id_lists: list[list[int]], field: str) -> None:
         if not id_lists:
             raise InvalidArgumentError("at least one prompt is required", field=field)
+        vocab_size = self.ctx.limits.vocab_size  # fixed by the model; read once, not per id
         for ids in id_lists:
             if not ids:
                 raise InvalidArgumentError("must not be empty", field=field)
-            bad = [t for t in ids if not 0 <= t < self.limits.vocab_size]
+            bad = [t for t in ids if not 0 <= t < vocab_size]
             if bad:
                 raise InvalidArgumentError(
-                    f"token ids outside [0, {self.limits.vocab_size}): {bad[:5]}", field=field
+                    f"token ids outside [0, {vocab_size}): {bad[:5]}", field=field
                 )
 
     def build_requests(
@@ -125,7 +126,8 @@ class ServingBase:
     ) -> list[TokenizedRequest]:
         """Fit every prompt first (all or nothing), then one request per prompt and choice,
         each with a rid of its own."""
-        fitted = [fit_prompt(requested, ids, self.limits, prompt_field) for ids in id_lists]
+        limits = self.limits  # the schedulers' context as of now, once for every prompt
+        fitted = [fit_prompt(requested, ids, limits, prompt_field) for ids in id_lists]
         batched = len(fitted) > 1
         reqs: list[TokenizedRequest] = []
         for j, prompt in enumerate(fitted):
