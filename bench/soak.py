@@ -33,17 +33,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-import grpc
 import httpx
 import openai
-from tokenline.v1 import (
-    detokenizer_pb2,
-    detokenizer_pb2_grpc,
-    frontend_pb2,
-    frontend_pb2_grpc,
-    scheduler_pb2,
-    scheduler_pb2_grpc,
-)
 
 from bench.machine import describe, machine_info
 from bench.soak_client import MAX_N, UNEXPECTED, Outcome, Tally, client_loop
@@ -80,51 +71,10 @@ def rss_of(stack: LocalStack) -> dict[str, float]:
     return {name: read_rss_mib(stack.procs[name].pid) for name in SERVICES}
 
 
-def live_state(stack: LocalStack) -> dict[str, int]:
-    """What each gRPC service still holds; all zero when nothing is in flight."""
-    with (
-        grpc.insecure_channel(stack.addr("frontend")) as fe,
-        grpc.insecure_channel(stack.addr("scheduler")) as sched,
-        grpc.insecure_channel(stack.addr("detokenizer")) as detok,
-    ):
-        front = frontend_pb2_grpc.FrontendServiceStub(fe).GetInfo(
-            frontend_pb2.FrontendInfoRequest(), timeout=5
-        )
-        info = scheduler_pb2_grpc.SchedulerServiceStub(sched).GetInfo(
-            scheduler_pb2.ServerInfoRequest(), timeout=5
-        )
-        dec = detokenizer_pb2_grpc.DetokenizerServiceStub(detok).GetInfo(
-            detokenizer_pb2.DetokenizerInfoRequest(), timeout=5
-        )
-    return {
-        "frontend_requests": front.num_live_requests,
-        "scheduler_requests": info.num_waiting + info.num_running,
-        "kv_tokens_held": info.num_total_kv_tokens
-        - info.num_free_kv_tokens
-        - info.num_cached_kv_tokens,
-        "decode_states": dec.num_live_states,
-    }
-
-
-def served_dtype(stack: LocalStack) -> str:
-    """The dtype the scheduler runs in (``auto`` resolved)."""
-    with grpc.insecure_channel(stack.addr("scheduler")) as channel:
-        stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
-        return stub.GetInfo(scheduler_pb2.ServerInfoRequest(), timeout=5).dtype
-
-
-def aborts_sent(stack: LocalStack) -> int:
-    """AbortReqs the frontend sent: the client's cancels reached the scheduler (one per
-    choice, none for a call cancelled before it was dispatched)."""
-    with grpc.insecure_channel(stack.addr("frontend")) as channel:
-        stub = frontend_pb2_grpc.FrontendServiceStub(channel)
-        return stub.GetInfo(frontend_pb2.FrontendInfoRequest(), timeout=5).num_aborts_sent
-
-
 def wait_for_idle(stack: LocalStack, limit_s: float) -> tuple[dict[str, int], float]:
     """The live state once all zero, or as it is after ``limit_s``; and the wait."""
     start = time.monotonic()
-    while any((held := live_state(stack)).values()) and time.monotonic() - start < limit_s:
+    while any((held := stack.live_state()).values()) and time.monotonic() - start < limit_s:
         time.sleep(0.1)
     return held, time.monotonic() - start
 
@@ -327,12 +277,13 @@ def start_stack(args: argparse.Namespace) -> LocalStack:
 
 
 def soak(stack: LocalStack, args: argparse.Namespace) -> dict[str, Any]:
-    dtype = served_dtype(stack)
+    dtype = stack.scheduler_info().dtype
     load = asyncio.run(run_load(stack, args))
     alive = {name: stack.procs[name].poll() is None for name in SERVICES}
     held, drain_s = wait_for_idle(stack, DRAIN_LIMIT_S) if all(alive.values()) else ({}, 0.0)
     report = build_report(load, args.warmup_s, held, drain_s, rss_of(stack), alive)
-    aborts = aborts_sent(stack) if all(alive.values()) else None
+    # AbortReqs the frontend sent: the client's cancels that reached the scheduler.
+    aborts = stack.frontend_info().num_aborts_sent if all(alive.values()) else None
     return {"scheduler_dtype": dtype, "frontend_aborts_sent": aborts, **report}
 
 

@@ -19,6 +19,14 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tokenline.v1 import (
+    detokenizer_pb2,
+    detokenizer_pb2_grpc,
+    frontend_pb2,
+    frontend_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
 
 from services.common.envs import env_default
 from services.common.grpc_server import READINESS_SERVICE
@@ -139,6 +147,33 @@ class LocalStack:
             return {}
         self.log_dir.mkdir(parents=True, exist_ok=True)
         return {"stdout": open(self.log_dir / f"{name}.log", mode), "stderr": subprocess.STDOUT}
+
+    def frontend_info(self) -> frontend_pb2.FrontendInfo:
+        with open_sync_channel(self.addr("frontend"), self.tls) as channel:
+            stub = frontend_pb2_grpc.FrontendServiceStub(channel)
+            return stub.GetInfo(frontend_pb2.FrontendInfoRequest(), timeout=5)
+
+    def scheduler_info(self) -> scheduler_pb2.SchedulerInfo:
+        with open_sync_channel(self.addr("scheduler"), self.tls) as channel:
+            stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+            return stub.GetInfo(scheduler_pb2.ServerInfoRequest(), timeout=5)
+
+    def detokenizer_info(self) -> detokenizer_pb2.DetokenizerInfo:
+        with open_sync_channel(self.addr("detokenizer"), self.tls) as channel:
+            stub = detokenizer_pb2_grpc.DetokenizerServiceStub(channel)
+            return stub.GetInfo(detokenizer_pb2.DetokenizerInfoRequest(), timeout=5)
+
+    def live_state(self) -> dict[str, int]:
+        """What each gRPC service still holds for requests; all zero when none is in
+        flight (KV in the prefix cache is not held)."""
+        sched = self.scheduler_info()
+        kv_held = sched.num_total_kv_tokens - sched.num_free_kv_tokens
+        return {
+            "frontend_requests": self.frontend_info().num_live_requests,
+            "scheduler_requests": sched.num_waiting + sched.num_running,
+            "kv_tokens_held": kv_held - sched.num_cached_kv_tokens,
+            "decode_states": self.detokenizer_info().num_live_states,
+        }
 
     def _check_alive(self, name: str) -> None:
         proc = self.procs[name]

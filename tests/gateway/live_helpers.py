@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import grpc
-from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
-
 from services.launch import LocalStack
 from tests.waiting import wait_until
 
@@ -17,17 +14,9 @@ def sse_frames(raw: bytes) -> list[str]:
     return [e.removeprefix("data: ") for e in events]
 
 
-def scheduler_info(stack: LocalStack) -> scheduler_pb2.SchedulerInfo:
-    """The scheduler's own GetInfo answer."""
-    with grpc.insecure_channel(stack.addr("scheduler")) as channel:
-        return scheduler_pb2_grpc.SchedulerServiceStub(channel).GetInfo(
-            scheduler_pb2.ServerInfoRequest(), timeout=5
-        )
-
-
 def scheduler_load(stack: LocalStack) -> tuple[int, int]:
     """(waiting, running) as the scheduler itself reports them."""
-    info = scheduler_info(stack)
+    info = stack.scheduler_info()
     return info.num_waiting, info.num_running
 
 

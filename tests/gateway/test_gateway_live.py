@@ -19,7 +19,6 @@ import pytest
 import torch
 from gateway_harness import GatewayServer
 from live_helpers import (
-    scheduler_info,
     scheduler_load,
     seconds_until_idle,
     sse_frames,
@@ -88,7 +87,7 @@ def test_models_list_and_retrieve(
     # The card carries the dtype the scheduler reports: what `auto` picks on this CPU.
     checkpoint = ModelConfig.from_dir(default_model_dir).dtype
     expected = choose_dtype(AUTO, checkpoint, torch.device("cpu")).name
-    assert scheduler_info(stack).dtype == expected
+    assert stack.scheduler_info().dtype == expected
     assert model.to_dict()["dtype"] == client.models.list().data[0].to_dict()["dtype"] == expected
     with pytest.raises(openai.NotFoundError) as info:
         client.models.retrieve("no-such-model")

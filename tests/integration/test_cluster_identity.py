@@ -11,17 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 import pytest
-from tokenline.v1 import (
-    detokenizer_pb2,
-    detokenizer_pb2_grpc,
-    frontend_pb2,
-    frontend_pb2_grpc,
-    scheduler_pb2,
-    scheduler_pb2_grpc,
-)
 
 from services.launch import LocalStack, StackPorts
 from tests.live_stack import dump_logs
@@ -53,7 +44,7 @@ def cluster(
         stacks[0].start()
         stacks[1].start(only=("scheduler", "frontend", "gateway"))
         deadline = time.monotonic() + 30
-        while any(scheduler_info(s).num_frontends < 2 for s in stacks):
+        while any(s.scheduler_info().num_frontends < 2 for s in stacks):
             assert time.monotonic() < deadline, "frontends did not attach to both schedulers"
             time.sleep(0.1)
         yield stacks
@@ -66,31 +57,13 @@ def cluster(
             stack.stop()
 
 
-def scheduler_info(stack: LocalStack) -> scheduler_pb2.SchedulerInfo:
-    with grpc.insecure_channel(stack.addr("scheduler")) as channel:
-        return scheduler_pb2_grpc.SchedulerServiceStub(channel).GetInfo(
-            scheduler_pb2.ServerInfoRequest(), timeout=5
-        )
-
-
 def live_state(stacks: list[LocalStack]) -> list[int]:
     """Requests held, per process, and KV tokens held by requests: all zero when idle."""
     held = []
     for stack in stacks:
-        with grpc.insecure_channel(stack.addr("frontend")) as channel:
-            info = frontend_pb2_grpc.FrontendServiceStub(channel).GetInfo(
-                frontend_pb2.FrontendInfoRequest(), timeout=5
-            )
-        held.append(info.num_live_requests)
-        sched = scheduler_info(stack)
-        held.append(sched.num_waiting + sched.num_running)
-        held.append(
-            sched.num_total_kv_tokens - sched.num_free_kv_tokens - sched.num_cached_kv_tokens
-        )
-    with grpc.insecure_channel(stacks[0].addr("detokenizer")) as channel:
-        detok = detokenizer_pb2_grpc.DetokenizerServiceStub(channel).GetInfo(
-            detokenizer_pb2.DetokenizerInfoRequest(), timeout=5
-        )
+        state = stack.live_state()  # the shared detokenizer counted once, below
+        held += [state["frontend_requests"], state["scheduler_requests"], state["kv_tokens_held"]]
+    detok = stacks[0].detokenizer_info()
     return [*held, detok.num_live_states, detok.num_duplicate_rids]
 
 
@@ -151,7 +124,7 @@ async def run_pairs(stacks: list[LocalStack]) -> None:
 def test_same_request_id_through_two_frontends_each_gets_its_own_text(
     cluster: list[LocalStack],
 ) -> None:
-    before = [scheduler_info(s).num_running for s in cluster]
+    before = [s.scheduler_info().num_running for s in cluster]
     assert before == [0, 0]
     asyncio.run(run_pairs(cluster))
     deadline = time.monotonic() + 5

@@ -16,17 +16,8 @@ import json
 import signal
 import time
 
-import grpc
 import httpx
 import pytest
-from tokenline.v1 import (
-    detokenizer_pb2,
-    detokenizer_pb2_grpc,
-    frontend_pb2,
-    frontend_pb2_grpc,
-    scheduler_pb2,
-    scheduler_pb2_grpc,
-)
 
 from services.launch import LocalStack
 
@@ -66,37 +57,8 @@ def one_token(stack: LocalStack) -> httpx.Response:
     return httpx.post(f"{stack.base_url}/completions", json=body, timeout=30)
 
 
-def live_state(stack: LocalStack) -> dict[str, int]:
-    """What each gRPC service still holds; all zero when nothing is in flight."""
-    with (
-        grpc.insecure_channel(stack.addr("frontend")) as fe,
-        grpc.insecure_channel(stack.addr("scheduler")) as sched,
-        grpc.insecure_channel(stack.addr("detokenizer")) as detok,
-    ):
-        front = frontend_pb2_grpc.FrontendServiceStub(fe).GetInfo(
-            frontend_pb2.FrontendInfoRequest(), timeout=5
-        )
-        info = scheduler_pb2_grpc.SchedulerServiceStub(sched).GetInfo(
-            scheduler_pb2.ServerInfoRequest(), timeout=5
-        )
-        dec = detokenizer_pb2_grpc.DetokenizerServiceStub(detok).GetInfo(
-            detokenizer_pb2.DetokenizerInfoRequest(), timeout=5
-        )
-    return {
-        "frontend_requests": front.num_live_requests,
-        "scheduler_requests": info.num_waiting + info.num_running,
-        "kv_tokens_held": info.num_total_kv_tokens
-        - info.num_free_kv_tokens
-        - info.num_cached_kv_tokens,
-        "decode_states": dec.num_live_states,
-    }
-
-
 def scheduler_is_idle(stack: LocalStack) -> bool:
-    with grpc.insecure_channel(stack.addr("scheduler")) as channel:
-        info = scheduler_pb2_grpc.SchedulerServiceStub(channel).GetInfo(
-            scheduler_pb2.ServerInfoRequest(), timeout=5
-        )
+    info = stack.scheduler_info()
     return info.num_waiting + info.num_running == 0
 
 
@@ -162,8 +124,8 @@ def test_kill_9_under_running_streams_errors_fast_recovers_and_leaks_nothing(
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["completion_tokens"] == 1
     assert time.monotonic() - restarted_at < 20.0
-    idle = dict.fromkeys(live_state(stack), 0)
-    seconds_until(lambda: live_state(stack) == idle, 5.0, f"no live state: {live_state(stack)}")
+    idle = dict.fromkeys(stack.live_state(), 0)
+    seconds_until(lambda: stack.live_state() == idle, 5.0, f"no live state: {stack.live_state()}")
 
 
 def test_a_frozen_frontend_loses_its_lease_and_the_scheduler_frees_its_requests(
@@ -197,5 +159,5 @@ def test_a_frozen_frontend_loses_its_lease_and_the_scheduler_frees_its_requests(
     seconds_until(lambda: health_status(stack) == 200, 20.0, "/health 200 again")
     reply = one_token(stack)
     assert reply.status_code == 200, reply.text
-    idle = dict.fromkeys(live_state(stack), 0)
-    seconds_until(lambda: live_state(stack) == idle, 5.0, f"no live state: {live_state(stack)}")
+    idle = dict.fromkeys(stack.live_state(), 0)
+    seconds_until(lambda: stack.live_state() == idle, 5.0, f"no live state: {stack.live_state()}")
