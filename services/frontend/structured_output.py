@@ -84,30 +84,30 @@ def _structured_outputs(sampling: openai_pb2.OpenAISampling) -> list[_Form]:
     if not sampling.HasField("structured_outputs"):
         return []
     so = sampling.structured_outputs
-    forms: list[_Form] = []
-    if so.HasField("json"):
-        forms.append(("structured_outputs.json", "json_schema", so.json))
-    if so.HasField("regex"):
-        forms.append(("structured_outputs.regex", "regex", so.regex))
-    if so.choice:
-        forms.append(("structured_outputs.choice", "ebnf", choice_ebnf(list(so.choice))))
-    if so.HasField("grammar"):
-        forms.append(("structured_outputs.grammar", "ebnf", so.grammar))
+    forms = _vllm_forms(so, "structured_outputs.", ("json", "regex", "choice", "grammar"))
     if so.json_object:
         forms.append(("structured_outputs.json_object", "json_schema", JSON_OBJECT_SCHEMA))
     return forms
 
 
 def _guided(sampling: openai_pb2.OpenAISampling) -> list[_Form]:
+    names = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+    return _vllm_forms(sampling, "", names)
+
+
+def _vllm_forms(message: Any, prefix: str, names: tuple[str, str, str, str]) -> list[_Form]:
+    """vLLM's json / regex / choice / grammar fields, as they stand in ``message`` under
+    ``names``; each form's client field is ``prefix`` + its name."""
+    json_name, regex_name, choice_name, grammar_name = names
     forms: list[_Form] = []
-    if sampling.HasField("guided_json"):
-        forms.append(("guided_json", "json_schema", sampling.guided_json))
-    if sampling.HasField("guided_regex"):
-        forms.append(("guided_regex", "regex", sampling.guided_regex))
-    if sampling.guided_choice:
-        forms.append(("guided_choice", "ebnf", choice_ebnf(list(sampling.guided_choice))))
-    if sampling.HasField("guided_grammar"):
-        forms.append(("guided_grammar", "ebnf", sampling.guided_grammar))
+    if message.HasField(json_name):
+        forms.append((prefix + json_name, "json_schema", getattr(message, json_name)))
+    if message.HasField(regex_name):
+        forms.append((prefix + regex_name, "regex", getattr(message, regex_name)))
+    if choices := list(getattr(message, choice_name)):
+        forms.append((prefix + choice_name, "ebnf", choice_ebnf(choices)))
+    if message.HasField(grammar_name):
+        forms.append((prefix + grammar_name, "ebnf", getattr(message, grammar_name)))
     return forms
 
 
