@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from services.common.default_model import ensure_default_model
-from services.launch import LocalStack
-from tests.live_stack import running_stack
+from tests.live_stack import module_stack
 
 if TYPE_CHECKING:
     from tests.tls_certs import CertFiles
@@ -33,20 +31,8 @@ def tls_certs(tmp_path_factory: pytest.TempPathFactory) -> CertFiles:
     return make_certs(tmp_path_factory.mktemp("tls"))
 
 
-@pytest.fixture(scope="module")
-def stack(
-    default_model_dir: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-    request: pytest.FixtureRequest,
-) -> Iterator[LocalStack]:
-    """A fresh four-process stack per test module, logs dumped if a test fails.
-
-    Modules that need other flags define their own ``stack``.
-    """
-    with running_stack(
-        default_model_dir,
-        tmp_path_factory.mktemp("stack-logs"),
-        request,
-        scheduler_args=["--kv-cache-tokens", "16384", "--num-threads", "1"],
-    ) as stack:
-        yield stack
+# A fresh four-process stack per test module, logs dumped if a test fails. Modules that
+# need other flags define their own ``stack = module_stack(...)``.
+stack = module_stack(
+    "stack-logs", scheduler_args=["--kv-cache-tokens", "16384", "--num-threads", "1"]
+)

@@ -41,3 +41,21 @@ def running_stack(
         stack.stop()
         if request is not None and request.session.testsfailed > failed_before:
             dump_logs(log_dir)
+
+
+def module_stack(log_name: str, **stack_args: Any) -> Any:
+    """A module-scoped ``stack`` fixture: a live stack started with ``stack_args`` (extra
+    flags per service), logs in a temporary folder named ``log_name``, dumped when a test
+    of the module fails. Assign it to ``stack`` at module level."""
+
+    @pytest.fixture(scope="module")
+    def stack(
+        default_model_dir: Path,
+        tmp_path_factory: pytest.TempPathFactory,
+        request: pytest.FixtureRequest,
+    ) -> Iterator[LocalStack]:
+        log_dir = tmp_path_factory.mktemp(log_name)
+        with running_stack(default_model_dir, log_dir, request, **stack_args) as live:
+            yield live
+
+    return stack

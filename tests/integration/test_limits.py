@@ -5,32 +5,19 @@ finish that says why, not a 500."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import httpx
-import pytest
 
 from services.launch import LocalStack
-from tests.live_stack import running_stack
+from tests.live_stack import module_stack
 
 KV_TOKENS = 512  # far below the model's 4096 positions: the pool is the limit
 
 
-@pytest.fixture(scope="module")
-def stack(
-    default_model_dir: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-    request: pytest.FixtureRequest,
-) -> Iterator[LocalStack]:
-    with running_stack(
-        default_model_dir,
-        tmp_path_factory.mktemp("limits-logs"),
-        request,
-        scheduler_args=["--kv-cache-tokens", str(KV_TOKENS), "--num-threads", "1"],
-        detokenizer_args=["--max-decode-states", "1"],
-    ) as stack:
-        yield stack
+stack = module_stack(
+    "limits-logs",
+    scheduler_args=["--kv-cache-tokens", str(KV_TOKENS), "--num-threads", "1"],
+    detokenizer_args=["--max-decode-states", "1"],
+)
 
 
 def completion(stack: LocalStack, prompt: str, **fields: object) -> httpx.Response:

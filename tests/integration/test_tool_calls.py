@@ -13,16 +13,13 @@ tests/integration/test_structured_output.py) ends its calls within the budget.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import openai
 import pytest
 
-from services.launch import LocalStack
-from tests.live_stack import running_stack
+from tests.live_stack import module_stack
 
 WEATHER = {
     "type": "function",
@@ -61,20 +58,11 @@ CHOICES: list[tuple[str, Any]] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def stack(
-    default_model_dir: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-    request: pytest.FixtureRequest,
-) -> Iterator[LocalStack]:
-    with running_stack(
-        default_model_dir,
-        tmp_path_factory.mktemp("tool-call-logs"),
-        request,
-        scheduler_args=["--kv-cache-tokens", "16384", "--num-threads", "1"],
-        frontend_args=["--tool-call-parser", "deepseek_v31"],
-    ) as stack:
-        yield stack
+stack = module_stack(
+    "tool-call-logs",
+    scheduler_args=["--kv-cache-tokens", "16384", "--num-threads", "1"],
+    frontend_args=["--tool-call-parser", "deepseek_v31"],
+)
 
 
 def ask(client: openai.OpenAI, model_id: str, seed: int, choice: Any, **kwargs: Any) -> Any:
