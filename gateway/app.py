@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 from fastapi import FastAPI
 
-from gateway import routes_native, routes_openai
+from gateway import routes_native, routes_openai, routes_ops, routes_sessions
 from gateway.client import FrontendClient, create_channel
 from gateway.config import GatewayConfig
 from gateway.errors import install_error_handlers
@@ -38,6 +38,7 @@ def create_app(config: GatewayConfig, channel_factory: ChannelFactory | None = N
             yield {
                 "frontend": FrontendClient(channel, config.request_timeout_s),
                 "metrics": metrics,
+                "config": config,
             }
         finally:
             await channel.close()
@@ -49,6 +50,8 @@ def create_app(config: GatewayConfig, channel_factory: ChannelFactory | None = N
     )
     app.include_router(routes_openai.router)
     app.include_router(routes_native.router)
+    app.include_router(routes_ops.router)
+    app.include_router(routes_sessions.router)
     install_error_handlers(app)
     install_openapi(app)
     # add_middleware wraps: the last added runs first (request context is outermost).

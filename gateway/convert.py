@@ -25,6 +25,7 @@ from gateway.schemas import (
     DetokenizeBody,
     GenerateBody,
     SharedRequestBody,
+    TokenizeBody,
     ToolBody,
     ToolCallBody,
 )
@@ -70,6 +71,7 @@ def _struct(value: dict[str, Any], param: str) -> struct_pb2.Struct:
 def _sampling(body: SharedRequestBody) -> openai_pb2.OpenAISampling:
     out = openai_pb2.OpenAISampling(stop=normalize_stop(body.stop))
     _set_present(out, body, _SAMPLING_SCALARS)
+    _include_stop_str_into(out, body)
     with _field("stop_token_ids"):
         out.stop_token_ids.extend(body.stop_token_ids or ())
     with _field("logit_bias"):
@@ -77,6 +79,27 @@ def _sampling(body: SharedRequestBody) -> openai_pb2.OpenAISampling:
             out.logit_bias[int(token_id)] = bias
     _structured_output_into(out, body)
     return out
+
+
+def _include_stop_str_into(out: openai_pb2.OpenAISampling, body: SharedRequestBody) -> None:
+    """vLLM's include_stop_str_in_output is SGLang's no_stop_trim: one flag, two names."""
+    given = body.include_stop_str_in_output
+    if given is None:
+        return
+    if body.no_stop_trim is not None and body.no_stop_trim != given:
+        param = "include_stop_str_in_output"
+        why = "contradicts no_stop_trim, the same flag under SGLang's name"
+        raise GatewayError(400, f"{param}: {why}", param=param, code="invalid_value")
+    out.no_stop_trim = given
+
+
+def _vllm_extras_into(
+    out: openai_pb2.ChatCompletionRequest | openai_pb2.CompletionRequest,
+    body: ChatCompletionBody | CompletionBody,
+) -> None:
+    """vLLM's prompt and output extras; their ranges are the frontend's to check."""
+    _set_present(out, body, ("add_special_tokens", "truncate_prompt_tokens", "priority"))
+    out.return_token_ids = bool(body.return_token_ids)
 
 
 def schema_text(schema: str | dict[str, Any]) -> str:
@@ -185,8 +208,12 @@ def chat_request_to_proto(
     _set_present(
         out,
         body,
-        ("max_completion_tokens", "top_logprobs", "add_generation_prompt", "reasoning_effort"),
-    )
+        (
+            "max_completion_tokens", "top_logprobs", "add_generation_prompt", "reasoning_effort",
+            "prompt_logprobs",
+        ),
+    )  # fmt: skip
+    _vllm_extras_into(out, body)
     if body.tool_choice is not None:
         with _field("tool_choice"):
             json_format.ParseDict(body.tool_choice, out.tool_choice)
@@ -230,13 +257,18 @@ def completion_request_to_proto(
         request_id=request_id,
     )
     _prompt_into(out, body.prompt)
-    _set_present(out, body, ("logprobs",))
+    _vllm_extras_into(out, body)
+    _set_present(out, body, ("logprobs", "prompt_logprobs"))
     return out
+
+
+# SGLang's flat logprob fields, which proto JSON nests under `logprob`.
+_LOGPROB_SHORTHANDS = ("return_logprob", "top_logprobs_num", "logprob_start_len")
 
 
 def _generate_json(body: GenerateBody, request_id: str) -> dict[str, Any]:
     """Rewrite SGLang's shorthands into proto JSON for GenerateReqInput."""
-    data = body.model_dump(exclude_none=True, exclude={"return_logprob", "top_logprobs_num"})
+    data = body.model_dump(exclude_none=True, exclude=set(_LOGPROB_SHORTHANDS))
     data["rid"] = body.rid or request_id
     if isinstance(body.text, str):
         data["text"] = [body.text]
@@ -251,10 +283,10 @@ def _generate_json(body: GenerateBody, request_id: str) -> dict[str, Any]:
     if "json_schema" in sampling:
         sampling["json_schema"] = schema_text(sampling["json_schema"])
     logprob = data.setdefault("logprob", {})
-    if body.return_logprob is not None:
-        logprob["return_logprob"] = body.return_logprob
-    if body.top_logprobs_num is not None:
-        logprob["top_logprobs_num"] = body.top_logprobs_num
+    for name in _LOGPROB_SHORTHANDS:
+        value = getattr(body, name)
+        if value is not None:
+            logprob[name] = value
     return data
 
 
@@ -267,6 +299,32 @@ def generate_request_to_proto(body: GenerateBody, request_id: str) -> generate_p
         )
     except json_format.ParseError as exc:
         raise GatewayError(400, str(exc), code="invalid_value") from None
+
+
+# The fields of a tokenize body that a chat request reads when it templates `messages`.
+_TOKENIZE_CHAT_FIELDS = frozenset(
+    {"model", "messages", "tools", "add_generation_prompt", "continue_final_message"}
+    | {"chat_template_kwargs"}
+)
+
+
+def tokenize_request_to_proto(body: TokenizeBody, request_id: str) -> frontend_pb2.TokenizeRequest:
+    """`prompt` as text, or `messages` as the chat request the frontend templates."""
+    if (body.prompt is None) == (body.messages is None):
+        raise GatewayError(
+            400, "prompt: give either prompt or messages", param="prompt", code="invalid_value"
+        )
+    out = frontend_pb2.TokenizeRequest(
+        model=body.model, prompt=body.prompt or "", return_token_strs=body.return_token_strs
+    )
+    is_chat = body.messages is not None
+    add_special = body.add_special_tokens
+    out.add_special_tokens = not is_chat if add_special is None else add_special
+    if is_chat:
+        fields = body.model_dump(exclude_none=True, include=set(_TOKENIZE_CHAT_FIELDS))
+        chat = ChatCompletionBody.model_validate(fields)
+        out.chat.CopyFrom(chat_request_to_proto(chat, request_id))
+    return out
 
 
 def detokenize_request_to_proto(body: DetokenizeBody) -> frontend_pb2.DetokenizeRequest:

@@ -26,10 +26,16 @@ from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from pydantic import BaseModel
-from tokenline.v1 import common_pb2, generate_pb2, openai_pb2
+from tokenline.v1 import common_pb2, generate_pb2, openai_pb2, session_pb2
 
 from gateway.errors import GatewayError
-from gateway.schemas import GenerateBody, GenerateSamplingBody, LogprobOptionsBody, TokenIdsBody
+from gateway.schemas import (
+    GenerateBody,
+    GenerateSamplingBody,
+    LogprobOptionsBody,
+    SessionParamsBody,
+    TokenIdsBody,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +59,6 @@ DEFAULT_ONLY: dict[str, Any] = {
     "best_of": 1,
     "use_beam_search": False,
     "length_penalty": 1.0,
-    "include_stop_str_in_output": False,
     "return_tokens_as_token_ids": False,
     "modalities": ["text"],
     "tools[].function.strict": False,
@@ -75,12 +80,8 @@ UNSUPPORTED: dict[str, str] = {
     "structured_outputs.structural_tag": "structural tags are not supported",
     "bad_words": "not supported",
     "allowed_token_ids": "not supported",
-    "truncate_prompt_tokens": "use the frontend's --allow-auto-truncate",
-    "prompt_logprobs": "not supported",
     "cache_salt": "the prefix cache is shared",
-    "priority": "priority is a native (gRPC) field",
     "chat_template": "the server's chat template is used",
-    "add_special_tokens": "chat templates write their own special tokens",
     "stop_regex": "not supported",
     "custom_logit_processor": "not supported",
     "lora_path": "not supported",
@@ -95,6 +96,7 @@ _PROTO_OF: dict[type[BaseModel], Descriptor] = {
     GenerateSamplingBody: common_pb2.SamplingParams.DESCRIPTOR,
     LogprobOptionsBody: common_pb2.LogprobOptions.DESCRIPTOR,
     TokenIdsBody: openai_pb2.TokenIds.DESCRIPTOR,
+    SessionParamsBody: session_pb2.SessionParams.DESCRIPTOR,
 }
 
 

@@ -75,8 +75,15 @@ class RequestContextMiddleware:
             self.metrics.observe(route, scope["method"], status, time.perf_counter() - start)
 
 
+# Open without a key: probes, scrapes and the API description. Every other route
+# (generation, tokenize, the operator's flush and abort) needs it.
+OPEN_PATHS = frozenset(
+    {"/health", "/health_generate", "/metrics", "/ping", "/version", "/openapi.json", "/docs"}
+)
+
+
 def is_protected_path(path: str) -> bool:
-    return path.startswith("/v1/") or path == "/generate" or path.startswith("/generate/")
+    return path not in OPEN_PATHS and not path.startswith("/docs/")
 
 
 class ApiKeyMiddleware:

@@ -15,7 +15,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from gateway.responses import ChatCompletionChunk, Completion, ErrorResponse, GenerateResponse
+from gateway.responses import ChatCompletionChunk, Completion, ErrorResponse, GenerateOutput
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 _ERRORS: dict[int, str] = {
@@ -41,7 +41,7 @@ _SSE_NOTE = (
     '`data: {"error": {...}}` frame (ErrorResponse) and the stream ends without [DONE].'
 )
 # SSE frame schemas; each goes into components, so text/event-stream content can $ref it.
-STREAM_FRAMES: tuple[type[BaseModel], ...] = (ChatCompletionChunk, Completion, GenerateResponse)
+STREAM_FRAMES: tuple[type[BaseModel], ...] = (ChatCompletionChunk, Completion, GenerateOutput)
 
 
 def error_responses(statuses: tuple[int, ...]) -> dict[int | str, dict[str, Any]]:

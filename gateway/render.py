@@ -15,7 +15,7 @@ from typing import Any
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
-from tokenline.v1 import common_pb2, generate_pb2, openai_pb2
+from tokenline.v1 import common_pb2, openai_pb2
 
 from gateway import responses as out
 from services.common.stages import stage_durations_ms
@@ -113,15 +113,43 @@ def _chat_logprobs(logprobs: openai_pb2.ChoiceLogprobs) -> out.ChatLogprobs:
 
 
 def _completion_logprobs(logprobs: openai_pb2.CompletionLogprobs) -> out.CompletionLogprobs:
+    token_logprobs: list[float | None] = [_finite(x) for x in logprobs.token_logprobs]
+    top_logprobs: list[dict[str, float] | None] = [
+        {k: _finite(v) for k, v in json_format.MessageToDict(s).items()}
+        for s in logprobs.top_logprobs
+    ]
+    if logprobs.is_first_null and token_logprobs:  # echo: the first prompt token
+        token_logprobs[0] = top_logprobs[0] = None
     return out.CompletionLogprobs(
         tokens=list(logprobs.tokens),
-        token_logprobs=[_finite(x) for x in logprobs.token_logprobs],
-        top_logprobs=[
-            {k: _finite(v) for k, v in json_format.MessageToDict(s).items()}
-            for s in logprobs.top_logprobs
-        ],
+        token_logprobs=token_logprobs,
+        top_logprobs=top_logprobs,
         text_offset=list(logprobs.text_offset),
     )
+
+
+def _prompt_logprobs(message: Any) -> dict[str, Any]:
+    """vLLM's ``prompt_logprobs`` when the request asked (the proto then holds one entry
+    per prompt token): null for the first token, else ``{token id: Logprob}`` for the
+    prompt's token (its own rank) and each alternative (ranked 1..N)."""
+    entries: list[dict[str, out.PromptLogprob] | None] = []
+    for e in message.prompt_logprobs:
+        if e.no_logprob:
+            entries.append(None)
+            continue
+        mine = out.PromptLogprob(logprob=_finite(e.logprob), rank=e.rank, decoded_token=e.text)
+        entry = {str(e.token_id): mine}
+        for rank, top in enumerate(e.top, start=1):
+            alt = out.PromptLogprob(logprob=_finite(top.logprob), rank=rank, decoded_token=top.text)
+            entry.setdefault(str(top.token_id), alt)
+        entries.append(entry)
+    return {"prompt_logprobs": entries} if entries else {}
+
+
+def _token_ids(message: Any, *names: str) -> dict[str, Any]:
+    """vLLM's return_token_ids lists: the frontend fills them only when asked, and a
+    prompt or a new chunk of output is never empty, so an empty list means "not asked"."""
+    return {name: list(getattr(message, name)) for name in names if len(getattr(message, name))}
 
 
 def _has_logprobs(choice: Any, requested: bool) -> bool:
@@ -181,6 +209,7 @@ def chat_chunk_to_dict(
             logprobs=_chat_logprobs(c.logprobs) if _has_logprobs(c, logprobs) else None,
             finish_reason=_optional(c, "finish_reason"),
             stop_reason=_matched_stop(c),
+            **_token_ids(c, "token_ids"),
         )
         for c in chunk.choices
     ]
@@ -191,6 +220,7 @@ def chat_chunk_to_dict(
         model=chunk.model,
         choices=choices,
         **_extras(chunk, include_usage=include_usage, debug=debug),
+        **_token_ids(chunk, "prompt_token_ids"),
     ).dump()
 
 
@@ -217,10 +247,12 @@ def chat_completion_to_dict(
             logprobs=_chat_logprobs(c.logprobs) if _has_logprobs(c, logprobs) else None,
             finish_reason=c.finish_reason or None,
             stop_reason=_matched_stop(c),
+            **_token_ids(c, "token_ids"),
         )
         for c in completion.choices
     ]
-    extras = _extras(completion, include_usage=True, debug=debug)
+    extras = _extras(completion, include_usage=True, debug=debug) | _prompt_logprobs(completion)
+    extras |= _token_ids(completion, "prompt_token_ids")
     return out.ChatCompletion(
         id=completion.id,
         object="chat.completion",
@@ -247,6 +279,8 @@ def completion_to_dict(
             logprobs=_completion_logprobs(c.logprobs) if _has_logprobs(c, logprobs) else None,
             finish_reason=_optional(c, "finish_reason"),
             stop_reason=_matched_stop(c),
+            **_prompt_logprobs(c),
+            **_token_ids(c, "token_ids", "prompt_token_ids"),
         )
         for c in completion.choices
     ]
@@ -281,10 +315,3 @@ def model_to_dict(model: openai_pb2.Model) -> dict[str, Any]:
 
 def model_list_to_dict(models: openai_pb2.ModelList) -> dict[str, Any]:
     return out.ModelList(object="list", data=[_model(m) for m in models.data]).dump()
-
-
-def generate_to_dict(response: generate_pb2.GenerateResponse) -> dict[str, Any]:
-    """Native responses are proto JSON with the proto's own (snake_case) field names."""
-    return json_format.MessageToDict(
-        response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )

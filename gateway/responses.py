@@ -4,15 +4,15 @@ from the protos, and /openapi.json documents the same models, so the two cannot 
 A required field is always written (``null`` where the type allows it); a field with a
 default is written only when render.py sets it (``dump`` drops unset fields), which is
 how OpenAI's present-but-null keys differ from its absent ones. Every model forbids
-extra keys. The native `/generate` body is proto JSON (its shape is generate.proto's);
-its models here only document it and let extra keys pass.
+extra keys. The native `/generate` body is SGLang's shape (gateway/render_generate.py);
+gRPC and Envoy clients get the typed `GenerateResponse` proto instead.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 
 class _Out(BaseModel):
@@ -76,7 +76,18 @@ class ChatLogprobs(_Out):
 
 
 StopReason = int | str | None
-_STOP_REASON = Field(description="the stop string or token id that ended the choice (vLLM)")
+_STOP_REASON = Field(
+    description="the stop string or token id that ended the choice (vLLM); null for the "
+    "model's EOS, a length finish, or none yet"
+)
+_TOKEN_IDS = Field(
+    None,
+    description="with return_token_ids (vLLM): the output token ids (a stream: this "
+    "chunk's new ones)",
+)
+_PROMPT_TOKEN_IDS = Field(
+    None, description="with return_token_ids (vLLM): the prompt's ids (a stream: first chunk)"
+)
 
 
 class ToolCallFunction(_Out):
@@ -129,6 +140,23 @@ class ChatChoice(_Out):
     logprobs: ChatLogprobs | None
     finish_reason: str | None
     stop_reason: StopReason = _STOP_REASON
+    token_ids: list[int] | None = _TOKEN_IDS
+
+
+class PromptLogprob(_Out):
+    """vLLM's Logprob, in a prompt_logprobs entry."""
+
+    logprob: float
+    rank: int = Field(description="1 + the tokens the model scored higher")
+    decoded_token: str
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+_PROMPT_LOGPROBS = Field(
+    None,
+    description="vLLM's prompt_logprobs: per prompt token (null for the first), the token "
+    "and its top alternatives keyed by token id; only when asked for",
+)
 
 
 class ChatCompletion(_Header):
@@ -136,6 +164,8 @@ class ChatCompletion(_Header):
     choices: list[ChatChoice]
     usage: Usage | None = Field(description="null only if the frontend reported none")
     debug: Debug | None = _DEBUG
+    prompt_logprobs: PromptLogprobs | None = _PROMPT_LOGPROBS
+    prompt_token_ids: list[int] | None = _PROMPT_TOKEN_IDS
 
 
 class ToolCallFunctionDelta(_Out):
@@ -164,6 +194,7 @@ class ChatChunkChoice(_Out):
     logprobs: ChatLogprobs | None
     finish_reason: str | None
     stop_reason: StopReason = _STOP_REASON
+    token_ids: list[int] | None = _TOKEN_IDS
 
 
 class ChatCompletionChunk(_Header):
@@ -174,6 +205,7 @@ class ChatCompletionChunk(_Header):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     debug: Debug | None = _DEBUG
+    prompt_token_ids: list[int] | None = _PROMPT_TOKEN_IDS
 
 
 # ---- completions ---------------------------------------------------------------------
@@ -181,8 +213,10 @@ class ChatCompletionChunk(_Header):
 
 class CompletionLogprobs(_Out):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None] = Field(
+        description="null for the first prompt token (echo): nothing precedes it"
+    )
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
@@ -192,6 +226,9 @@ class CompletionChoice(_Out):
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
     stop_reason: StopReason = _STOP_REASON
+    prompt_logprobs: PromptLogprobs | None = _PROMPT_LOGPROBS
+    token_ids: list[int] | None = _TOKEN_IDS
+    prompt_token_ids: list[int] | None = _PROMPT_TOKEN_IDS
 
 
 class Completion(_Header):
@@ -225,73 +262,129 @@ class ModelList(_Out):
     data: list[Model]
 
 
+# ---- native /generate (SGLang's shape) ----------------------------------------------
+
+# SGLang's logprob triple: (logprob, token id, token text or null). The logprob is null
+# only where there is none (SGLang: the first prompt token).
+LogprobTriple = tuple[float | None, int, str | None]
+
+
+class GenerateFinishReason(_Out):
+    """SGLang's finish reason: what matched for a stop (EOS or stop token id, or the stop
+    string), the token count for a length stop, the reason for an abort."""
+
+    type: Literal["stop", "length", "abort"]
+    matched: int | str | None = Field(description="null for length and abort")
+    length: int | None = Field(default=None, description="length only: the tokens generated")
+    message: str | None = Field(default=None, description="abort only: why")
+
+
+class GenerateMetaInfo(_Out):
+    id: str = Field(description="the client's id for this output (rid, or X-Request-Id)")
+    finish_reason: GenerateFinishReason | None = Field(description="null until it finishes")
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None = Field(
+        default=None,
+        description="prompt tokens found in the prefix cache; on a finished output only",
+    )
+    e2e_latency: float | None = Field(
+        default=None, description="seconds; on a finished output only"
+    )
+    output_token_logprobs: list[LogprobTriple] | None = Field(
+        default=None, description="with return_logprob: one triple per output token"
+    )
+    output_top_logprobs: list[list[LogprobTriple] | None] | None = Field(
+        default=None, description="with return_logprob and top_logprobs_num > 0: per output token"
+    )
+    input_token_logprobs: list[LogprobTriple] | None = Field(
+        default=None, description="with return_logprob, when the prompt's logprobs were computed"
+    )
+    input_top_logprobs: list[list[LogprobTriple] | None] | None = None
+
+
+class GenerateOutput(_Out):
+    """One prompt's (or choice's) output. Streaming sends one per SSE frame with the
+    text, ids and logprobs so far (cumulative, SGLang's default), `index` when the
+    request was a batch."""
+
+    text: str
+    output_ids: list[int]
+    meta_info: GenerateMetaInfo
+    index: int | None = Field(default=None, description="stream frames of a batch only")
+
+
+class GenerateResponse(RootModel[GenerateOutput | list[GenerateOutput]]):
+    """`/generate`: one object for a single prompt, a list (input order, n choices per
+    prompt) for a batch or n > 1, as SGLang answers."""
+
+
 class TokenizeResponse(_Out):
     tokens: list[int]
     count: int
     max_model_len: int
+    token_strs: list[str] | None = Field(default=None, description="only with return_token_strs")
 
 
 class DetokenizeResponse(_Out):
     prompt: str
 
 
-class _ProtoJson(BaseModel):
-    # Proto JSON grows when a proto gains a field (additions only), so extra keys pass.
-    model_config = ConfigDict(extra="allow")
+class VersionResponse(_Out):
+    version: str
 
 
-class FinishReason(_ProtoJson):
-    kind: Literal["KIND_UNSPECIFIED", "KIND_STOP", "KIND_LENGTH", "KIND_ABORT"]
-    matched_token_id: int | None = None
-    matched_str: str | None = None
-    message: str
+class ModelInfoResponse(_Out):
+    """SGLang's /get_model_info keys, plus what tokenline knows of the served model."""
+
+    model_path: str
+    tokenizer_path: str
+    is_generation: bool
+    served_model_name: str
+    dtype: str = Field(description="as the schedulers report it (empty before any lease)")
+    max_model_len: int = Field(description="prompt plus output, as the schedulers enforce it")
+    vocab_size: int
 
 
-class StageTimes(_ProtoJson):
-    """Unix seconds (doubles); 0 for a stage the request has not reached."""
+class ServiceInfo(_Out):
+    """One service: where it is, its Prometheus scrape target, and its own GetInfo."""
 
-    received: float
-    templated: float
-    tokenized: float
-    dispatched: float
-    scheduled: float
-    first_token: float
-    finished: float
-    queued: float
-    detokenized: float
+    address: str
+    metrics: str | None = Field(description="host:port of its /metrics (null: disabled)")
+    info: dict[str, Any] | None = Field(description="its GetInfo; null when it did not answer")
+    error: str | None = None
+    is_leased: bool | None = Field(
+        default=None, description="schedulers: this frontend's lease is up"
+    )
 
 
-class MetaInfo(_ProtoJson):
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    times: StageTimes | None = None
+class ServerInfoResponse(_Out):
+    """SGLang's /get_server_info, tokenline's way: each service's GetInfo in one body."""
+
+    version: str
+    model: ModelInfoResponse
+    gateway: ServiceInfo
+    frontend: ServiceInfo
+    schedulers: list[ServiceInfo]
+    detokenizer: ServiceInfo
 
 
-class NativeTopLogprob(_ProtoJson):
-    token_id: int
-    logprob: float
+class SchedulerFlushResponse(_Out):
+    address: str
+    flushed: bool
+    num_running: int
+    num_waiting: int
 
 
-class NativeTokenLogprob(NativeTopLogprob):
-    top: list[NativeTopLogprob]
+class FlushCacheResponse(_Out):
+    """200 when every scheduler flushed; 400 (an ErrorResponse) when one refused."""
+
+    success: bool
+    schedulers: list[SchedulerFlushResponse]
 
 
-class GenerateOutput(_ProtoJson):
-    rid: str
-    index: int
-    text: str = Field(description="the full text (unary) or the delta (one stream frame)")
-    output_ids: list[int]
-    finish_reason: FinishReason | None = Field(None, description="on the final output only")
-    meta_info: MetaInfo | None = None
-    logprobs: list[NativeTokenLogprob]
-
-
-class GenerateResponse(_ProtoJson):
-    """`GenerateResponse` (proto/tokenline/v1/generate.proto) as proto JSON: snake_case
-    names, every scalar printed; a stream sends one per SSE frame, in input order."""
-
-    outputs: list[GenerateOutput]
+class AbortResponse(_Out):
+    num_aborted: int = Field(description="live requests an abort was sent for (0: none matched)")
 
 
 class HealthResponse(_Out):

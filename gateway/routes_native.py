@@ -1,4 +1,7 @@
-"""Native and operational routes: /generate, tokenize, health (shallow and deep) and metrics."""
+"""Native routes: /generate (SGLang's JSON), tokenize, health (shallow and deep), metrics.
+
+The other operator routes (version, model and server info, flush, abort) are in
+gateway/routes_ops.py."""
 
 from __future__ import annotations
 
@@ -8,17 +11,22 @@ from typing import Any
 import grpc
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
-from tokenline.v1 import common_pb2, frontend_pb2, generate_pb2
+from tokenline.v1 import common_pb2, generate_pb2
 
 from gateway.client import FrontendClient, until_disconnected
-from gateway.convert import detokenize_request_to_proto, generate_request_to_proto
+from gateway.convert import (
+    detokenize_request_to_proto,
+    generate_request_to_proto,
+    tokenize_request_to_proto,
+)
 from gateway.errors import error_body
 from gateway.extra_fields import check_extra_fields
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import BODY_ERRORS, GENERATION_ERRORS, error_responses, responses
-from gateway.render import generate_to_dict
+from gateway.render_generate import GenerateRenderer, GenerateView
 from gateway.responses import (
     DetokenizeResponse,
+    GenerateOutput,
     GenerateResponse,
     HealthResponse,
     TokenizeResponse,
@@ -36,27 +44,35 @@ HEALTH_GENERATE_TIMEOUT_S = 10.0
     tags=["native"],
     responses=responses(
         GenerateResponse,
-        "Outputs in input order.",
+        "SGLang's shape: one object for a single prompt, a list for a batch or n > 1.",
         GENERATION_ERRORS,
-        stream_frame=GenerateResponse,
+        stream_frame=GenerateOutput,
     ),
 )
 async def generate(body: GenerateBody, request: Request) -> Response:
-    """`GenerateReqInput` in, `GenerateResponse` out as proto JSON (SSE when streaming)."""
+    """`GenerateReqInput` in (SGLang's JSON or proto JSON), SGLang's JSON out; SSE frames
+    with the output so far when streaming."""
     client: FrontendClient = request.state.frontend
     check_extra_fields(body)
     proto = generate_request_to_proto(body, request.state.request_id)
+    renderer = GenerateRenderer(GenerateView.of(body, proto))
     options = client.options(request.state.request_id)
     return await respond(
         request,
         stream=proto.stream,
         start_stream=partial(client.stub.GenerateStream, proto, **options),
         start_unary=partial(client.stub.Generate, proto, **options),
-        render_frame=generate_to_dict,
-        render_whole=generate_to_dict,
+        render_frame=renderer.frame,
+        render_whole=renderer.whole,
     )
 
 
+@router.post(
+    "/tokenize",
+    response_model=None,
+    tags=["native"],
+    responses=responses(TokenizeResponse, "The token ids.", BODY_ERRORS),
+)
 @router.post(
     "/v1/tokenize",
     response_model=None,
@@ -64,19 +80,25 @@ async def generate(body: GenerateBody, request: Request) -> Response:
     responses=responses(TokenizeResponse, "The token ids.", BODY_ERRORS),
 )
 async def tokenize(body: TokenizeBody, request: Request) -> dict[str, Any]:
-    """Token ids of `prompt` with the served model's tokenizer."""
+    """vLLM's tokenize: token ids of `prompt`, or of chat `messages` templated as a chat
+    request would be."""
     check_extra_fields(body)
     client: FrontendClient = request.state.frontend
-    proto = frontend_pb2.TokenizeRequest(
-        model=body.model, prompt=body.prompt, add_special_tokens=body.add_special_tokens
-    )
+    proto = tokenize_request_to_proto(body, request.state.request_id)
     call = client.stub.Tokenize(proto, **client.options(request.state.request_id))
     reply = await until_disconnected(request, call, call)
+    fields = {"token_strs": list(reply.token_strs)} if body.return_token_strs else {}
     return TokenizeResponse(
-        tokens=list(reply.tokens), count=reply.count, max_model_len=reply.max_model_len
+        tokens=list(reply.tokens), count=reply.count, max_model_len=reply.max_model_len, **fields
     ).dump()
 
 
+@router.post(
+    "/detokenize",
+    response_model=None,
+    tags=["native"],
+    responses=responses(DetokenizeResponse, "The text.", BODY_ERRORS),
+)
 @router.post(
     "/v1/detokenize",
     response_model=None,
@@ -99,8 +121,23 @@ async def detokenize(body: DetokenizeBody, request: Request) -> dict[str, Any]:
     response_model=None,
     responses={200: {"model": HealthResponse, "description": "Ready"}, **error_responses((503,))},
 )
+@router.get(
+    "/ping",
+    operation_id="ping_get",
+    tags=["ops"],
+    response_model=None,
+    responses={200: {"model": HealthResponse, "description": "Ready"}, **error_responses((503,))},
+)
+@router.post(
+    "/ping",
+    operation_id="ping_post",
+    tags=["ops"],
+    response_model=None,
+    responses={200: {"model": HealthResponse, "description": "Ready"}, **error_responses((503,))},
+)
 async def health(request: Request) -> Response:
-    """200 when the frontend's gRPC readiness check says SERVING, else 503."""
+    """200 when the frontend's gRPC readiness check says SERVING, else 503. Also served
+    as vLLM's (SageMaker's) `/ping`, GET or POST."""
     client: FrontendClient = request.state.frontend
     if await client.is_ready():
         return JSONResponse(HealthResponse(status="ok").dump())

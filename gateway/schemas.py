@@ -121,6 +121,20 @@ class SharedRequestBody(SamplingFieldsBody):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = Field(None, description="vLLM: EBNF")
+    # vLLM's extras (the README's vLLM table).
+    include_stop_str_in_output: bool | None = Field(
+        None, description="vLLM's name for no_stop_trim: keep the matched stop in the text"
+    )
+    truncate_prompt_tokens: int | None = Field(
+        None, description="keep the prompt's last N tokens; -1: as many as fit"
+    )
+    priority: int | None = Field(None, description="lower runs earlier (vLLM); default 0")
+    return_token_ids: bool | None = Field(
+        None, description="add prompt_token_ids and each choice's token_ids"
+    )
+    prompt_logprobs: int | None = Field(
+        None, description="vLLM: logprobs of every prompt token, with this many alternatives"
+    )
 
 
 class ChatCompletionBody(SharedRequestBody):
@@ -137,6 +151,9 @@ class ChatCompletionBody(SharedRequestBody):
     reasoning_effort: str | None = Field(
         None, description="handed to the chat template as the variable `reasoning_effort`"
     )
+    add_special_tokens: bool | None = Field(
+        None, description="BOS etc. on top of what the chat template writes (default false)"
+    )
 
 
 class CompletionBody(SharedRequestBody):
@@ -147,6 +164,9 @@ class CompletionBody(SharedRequestBody):
     logprobs: int | None = Field(None, description="number of top logprobs per token")
     echo: bool = False
     suffix: str | None = None
+    add_special_tokens: bool | None = Field(
+        None, description="the tokenizer's BOS etc. on text prompts (default true)"
+    )
 
 
 class GenerateSamplingBody(SamplingFieldsBody):
@@ -167,6 +187,35 @@ class TokenIdsBody(_Body):
 class LogprobOptionsBody(_Body):
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    logprob_start_len: int | None = Field(
+        None, description="prompt logprobs from this position on; -1 or unset: none"
+    )
+    prompt_top_logprobs_num: int | None = Field(
+        None, description="alternatives per prompt position; unset: top_logprobs_num"
+    )
+
+
+class SessionParamsBody(_Body):
+    """`SessionParams` (proto/tokenline/v1/session.proto): continue a request of a session."""
+
+    id: str = Field(description="the session, as /open_session returned it")
+    rid: str | None = Field(None, description="the request to continue: its meta_info.id")
+    offset: int | None = Field(None, description="keep the parent's first N ids (0: all)")
+    replace: bool | None = Field(None, description="drop the parent's other continuations")
+    drop_previous_output: bool | None = Field(None, description="continue the parent's prompt")
+
+
+class OpenSessionBody(_Body):
+    """SGLang's /open_session."""
+
+    capacity_of_str_len: int = Field(
+        ge=1, lt=2**32, description="the most tokens a request of the session may hold"
+    )
+    session_id: str | None = Field(None, description="default: a new id")
+
+
+class CloseSessionBody(_Body):
+    session_id: str
 
 
 class GenerateBody(_Body):
@@ -180,14 +229,39 @@ class GenerateBody(_Body):
     logprob: LogprobOptionsBody | None = None
     return_logprob: bool | None = Field(None, description="shorthand for logprob.return_logprob")
     top_logprobs_num: int | None = Field(None, description="shorthand for logprob.top_logprobs_num")
+    logprob_start_len: int | None = Field(
+        None, description="shorthand for logprob.logprob_start_len"
+    )
+    return_text_in_logprobs: bool = Field(
+        False, description="each logprob triple carries the token's text (else null)"
+    )
+    session_params: SessionParamsBody | None = None
 
 
 class TokenizeBody(_Body):
+    """vLLM's two tokenize requests in one body: `prompt`, or chat `messages` templated as
+    a chat request would be."""
+
     model: str = ""
-    prompt: str
-    add_special_tokens: bool = True
+    prompt: str | None = None
+    messages: list[ChatMessageBody] | None = None
+    add_special_tokens: bool | None = Field(
+        None, description="default true for `prompt`; with `messages` only false is accepted"
+    )
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False
+    tools: list[ToolBody] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
 
 
 class DetokenizeBody(_Body):
     model: str = ""
     tokens: list[int]
+
+
+class AbortBody(_Body):
+    """SGLang's /abort_request."""
+
+    rid: str = Field("", description="a client id (as in meta_info.id) or a request's rid")
+    abort_all: bool = False

@@ -79,10 +79,11 @@ async def respond(
     start_stream: Callable[[], grpc.aio.UnaryStreamCall],
     start_unary: Callable[[], grpc.aio.UnaryUnaryCall],
     render_frame: Render,
-    render_whole: Render,
+    render_whole: Callable[[Any], Any],
 ) -> Response:
     """SSE frames from the streaming RPC when the client asked to stream, else the unary
-    RPC's answer as one JSON body. Only the RPC chosen is started."""
+    RPC's answer as one JSON body (an object, or a list for SGLang's batches). Only the
+    RPC chosen is started."""
     if stream:
         return await stream_response(request, start_stream(), render_frame)
     call = start_unary()

@@ -15,7 +15,7 @@ from tokenline.v1 import common_pb2
 
 from services.common.errors import InvalidArgumentError
 
-TOP_K_DISABLED = -1
+TOP_K_DISABLED = -1  # 0 means the same (vLLM's spelling); both keep every token
 DEFAULT_MAX_NEW_TOKENS = 128
 
 GrammarKind = Literal["json_schema", "regex", "ebnf"]
@@ -71,8 +71,11 @@ class SamplingParams:
         return None
 
     @classmethod
-    def from_pb(cls, pb: common_pb2.SamplingParams) -> SamplingParams:
-        params = cls()
+    def from_pb(
+        cls, pb: common_pb2.SamplingParams, defaults: SamplingDefaults | None = None
+    ) -> SamplingParams:
+        """The fields ``pb`` sets; the others from ``defaults`` (the model's), then ours."""
+        params = cls() if defaults is None else defaults.new_params()
         for f in fields(cls):
             if f.name in ("stop", "stop_token_ids"):
                 setattr(params, f.name, list(getattr(pb, f.name)))
@@ -97,12 +100,13 @@ class SamplingParams:
         checks: list[tuple[str, bool, str]] = [
             ("temperature", 0.0 <= self.temperature <= 100.0, "must be in [0, 100]"),
             ("top_p", 0.0 < self.top_p <= 1.0, "must be in (0, 1]"),
-            ("top_k", self.top_k == TOP_K_DISABLED or self.top_k >= 1, "must be -1 or >= 1"),
+            ("top_k", self.top_k >= TOP_K_DISABLED, "must be -1 or 0 (off), or >= 1"),
             ("min_p", 0.0 <= self.min_p <= 1.0, "must be in [0, 1]"),
             ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
             ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
             ("repetition_penalty", 0.0 < self.repetition_penalty <= 2.0, "must be in (0, 2]"),
-            ("max_tokens", self.max_new_tokens >= 1, "must be >= 1"),
+            # 0 scores the prompt only (SGLang's max_new_tokens 0, OpenAI's echo).
+            ("max_tokens", self.max_new_tokens >= 0, "must be >= 0"),
             (
                 "min_tokens",
                 0 <= self.min_new_tokens <= self.max_new_tokens,
@@ -147,6 +151,32 @@ class SamplingParams:
                     "cannot be combined with a grammar (the grammar decides where the output ends)",
                     field="min_tokens",
                 )
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingDefaults:
+    """What a request that leaves a field unset gets instead of the built-in default: the
+    model's own recommendation (its generation_config.json, read by the frontend), as vLLM
+    and SGLang apply it. A field left None keeps the built-in default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+
+    def new_params(self) -> SamplingParams:
+        params = SamplingParams()
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                setattr(params, f.name, value)
+        return params
+
+    def to_pb(self) -> common_pb2.SamplingParams:
+        """Only the fields set here (for GetInfo)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return common_pb2.SamplingParams(**{k: v for k, v in values.items() if v is not None})
 
 
 _ALIASES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}

@@ -56,7 +56,9 @@ async def serve(config: DetokenizerConfig) -> None:
         tls=config.tls,
     )
     metrics = DetokenizerMetrics()
-    servicer = DetokenizerServicer(manager, on_batch=metrics.observe_batch)
+    servicer = DetokenizerServicer(
+        manager, on_batch=metrics.observe_batch, metrics_port=config.metrics_port
+    )
     detokenizer_pb2_grpc.add_DetokenizerServiceServicer_to_server(servicer, process.server)
     metrics.track(manager, servicer)
     await process.start()

@@ -175,6 +175,8 @@ class DetokenizerManager:
         out.output_ids.extend(row.new_token_ids)
         if len(row.logprobs):
             out.logprobs.extend(row.logprobs)
+        if len(row.input_token_logprobs):
+            out.input_token_logprobs.extend(row.input_token_logprobs)
         if not item.is_final:
             out.text = state.stream_delta(item.texts, self.decoder)
             return

@@ -26,9 +26,11 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServiceServicer):
         self,
         manager: DetokenizerManager,
         on_batch: Callable[[int, float], None] | None = None,
+        metrics_port: int = 0,
     ) -> None:
         self.manager = manager
         self.on_batch = on_batch  # (rows, seconds) for each decoded scheduler step
+        self.metrics_port = metrics_port  # reported by GetInfo: where Prometheus scrapes
         self.subscribers: dict[str, asyncio.Queue[detokenizer_pb2.BatchStrOutput]] = {}
         self._stream_ids = itertools.count(1)
 
@@ -84,6 +86,7 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServiceServicer):
             num_refused_requests=stats.num_refused_requests,
             num_unstable_decodes=stats.num_unstable_decodes,
             num_duplicate_rids=stats.num_duplicate_rids,
+            metrics_port=self.metrics_port,
         )
 
     async def _route(self, routed: Routed, *, wait: bool = True) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenline.v1 import detokenizer_pb2, frontend_pb2, frontend_pb2_grpc
+from transformers import PreTrainedTokenizerBase
 
 from services.common.envs import env_default
 from services.common.grpc_server import GrpcProcess
@@ -21,8 +23,15 @@ from services.common.tls import TlsSettings
 from services.common.tokenizer import load_tokenizer
 from services.frontend.batch_tokenizer import DynamicBatchTokenizer
 from services.frontend.chat_template import ChatTemplate, ChatTokenization
-from services.frontend.limits import load_model_limits
+from services.frontend.generation_config import (
+    GENERATION_CONFIG_AUTO,
+    GenerationDefaults,
+    load_generation_defaults,
+    log_generation_defaults,
+)
+from services.frontend.limits import ModelLimits, load_model_limits
 from services.frontend.metrics import FrontendMetrics
+from services.frontend.operations import Operations
 from services.frontend.reasoning_parsers import REASONING_PARSERS
 from services.frontend.request_log import log_finished
 from services.frontend.server import FrontendServicer
@@ -48,6 +57,7 @@ class FrontendConfig:
     detokenizer_addr: str
     context_length: int
     default_max_tokens: int
+    generation_config: str
     allow_auto_truncate: bool
     tokenizer_batch_window_ms: float
     tokenizer_max_batch_size: int
@@ -127,7 +137,16 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
         "--default-max-tokens",
         type=int,
         default=1024,
-        help="max_tokens when a request sets none (capped by the context)",
+        help="max_tokens when a request sets none (capped by the context; the model's "
+        "generation_config.json max_new_tokens wins, see --generation-config)",
+    )
+    p.add_argument(
+        "--generation-config",
+        default=GENERATION_CONFIG_AUTO,
+        metavar="auto|vllm|DIR",
+        help="sampling defaults for fields a request leaves unset: auto reads the model's "
+        "generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, "
+        "max_new_tokens); vllm ignores it (vLLM's name); DIR reads that folder's file",
     )
     p.add_argument(
         "--allow-auto-truncate",
@@ -175,9 +194,11 @@ def _add_output_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> ServingContext:
-    """Everything the servicer shares, built once from the frozen config."""
-    tokenizer = load_tokenizer(config.model)
+def _model_limits(
+    config: FrontendConfig, tokenizer: PreTrainedTokenizerBase
+) -> tuple[ModelLimits, GenerationDefaults]:
+    """The model's limits, with generation_config.json's max_new_tokens (when it has one
+    and --generation-config reads it) as the default max_tokens; and its sampling defaults."""
     limits = load_model_limits(
         config.model,
         tokenizer,
@@ -185,6 +206,18 @@ def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> 
         default_max_tokens=config.default_max_tokens,
         allow_auto_truncate=config.allow_auto_truncate,
     )
+    mode = config.generation_config
+    generation = load_generation_defaults(config.model, mode, limits.vocab_size)
+    log_generation_defaults(generation, mode)
+    if generation.max_new_tokens is not None:
+        limits = dataclasses.replace(limits, default_max_tokens=generation.max_new_tokens)
+    return limits, generation
+
+
+def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> ServingContext:
+    """Everything the servicer shares, built once from the frozen config."""
+    tokenizer = load_tokenizer(config.model)
+    limits, generation = _model_limits(config, tokenizer)
     frontend_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     def on_finished(row: detokenizer_pb2.StrRow, label: str) -> None:
@@ -219,6 +252,7 @@ def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> 
         chat_template=template,
         tool_parser=TOOL_PARSERS.get(config.tool_call_parser),
         reasoning_parser=REASONING_PARSERS.get(config.reasoning_parser),
+        sampling_defaults=generation.sampling,
     )
 
 
@@ -247,7 +281,8 @@ async def serve(config: FrontendConfig) -> None:
     ctx = create_serving_context(config, FrontendMetrics())
     manager = ctx.manager
     frontend_id = manager.frontend_id
-    servicer = FrontendServicer(ChatServing(ctx), CompletionServing(ctx), GenerateServing(ctx))
+    ops = Operations(ctx, model_path=config.model, metrics_port=config.metrics_port)
+    servicer = FrontendServicer(ChatServing(ctx), CompletionServing(ctx), GenerateServing(ctx), ops)
     process = GrpcProcess(
         host=config.host,
         port=config.port,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tokenline.v1 import common_pb2, detokenizer_pb2, openai_pb2
@@ -18,14 +19,20 @@ def finish_name(fr: common_pb2.FinishReason) -> str:
     return _FINISH_NAMES.get(fr.kind, "stop")
 
 
-def set_matched_stop(choice: object, fr: common_pb2.FinishReason) -> None:
+def set_matched_stop(
+    choice: object, fr: common_pb2.FinishReason, eos_ids: frozenset[int] = frozenset()
+) -> None:
     """Copy what matched (vLLM's stop_reason) onto a choice proto; for an ``abort``
-    finish, the reason the scheduler or detokenizer gave."""
+    finish, the reason the scheduler or detokenizer gave. A stop on one of ``eos_ids``
+    (the model's own end tokens, not the request's stop_token_ids) sets nothing: vLLM
+    reports an EOS stop as ``stop_reason: null``."""
     if fr.kind == common_pb2.FinishReason.KIND_ABORT:
         if fr.message:
             choice.matched_str = fr.message  # type: ignore[attr-defined]
         return
     which = fr.WhichOneof("matched")
+    if which == "matched_token_id" and fr.matched_token_id in eos_ids:
+        return
     if which is not None:
         setattr(choice, which, getattr(fr, which))
 
@@ -36,6 +43,7 @@ class ChoiceAccumulator:
 
     chunks: list[str] = field(default_factory=list)
     logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
+    input_logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)  # prompt's
     finish: common_pb2.FinishReason | None = None
     usage: common_pb2.Usage | None = None
     times: common_pb2.StageTimes | None = None
@@ -46,6 +54,7 @@ class ChoiceAccumulator:
         if row.text:
             self.chunks.append(row.text)
         self.logprobs.extend(row.logprobs)
+        self.input_logprobs.extend(row.input_token_logprobs)
         if row.HasField("finish_reason"):
             self.finish = row.finish_reason
             self.usage = row.usage
@@ -61,8 +70,29 @@ class ChoiceAccumulator:
         return "".join(self.chunks)
 
 
-def usage_of(accs: list[ChoiceAccumulator] | list[common_pb2.Usage]) -> openai_pb2.CompletionUsage:
-    """Usage over all choices: the prompt counted once, completions summed."""
+class UnsentTokenIds:
+    """vLLM's return_token_ids while streaming: each choice's ids not sent yet. A row
+    whose text is all held back makes no chunk, so its ids ride on that choice's next
+    one (its finish chunk at the latest): the chunks' token_ids join to the unary list."""
+
+    def __init__(self, enabled: bool, num_choices: int) -> None:
+        self.enabled = enabled
+        self._pending: list[list[int]] = [[] for _ in range(num_choices)]
+
+    def add(self, index: int, ids: Sequence[int]) -> None:
+        if self.enabled:
+            self._pending[index].extend(ids)
+
+    def take(self, index: int) -> list[int]:
+        ids, self._pending[index] = self._pending[index], []
+        return ids
+
+
+def usage_of(
+    accs: Sequence[ChoiceAccumulator] | Sequence[common_pb2.Usage | None],
+) -> openai_pb2.CompletionUsage:
+    """Usage over the choices of one prompt, in choice order: the prompt and its cached
+    tokens counted once (the first choice's: the others share its KV), completions summed."""
     found = [a.usage if isinstance(a, ChoiceAccumulator) else a for a in accs]
     usages = [u for u in found if u is not None]
     prompt = usages[0].prompt_tokens if usages else 0

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from tokenline.v1 import common_pb2, openai_pb2
 
 from services.common.errors import InvalidArgumentError
-from services.common.sampling_params import SamplingParams
+from services.common.sampling_params import SamplingDefaults, SamplingParams
 from services.frontend.limits import ModelLimits
 from services.frontend.structured_output import apply_openai_structured_output
+
+MAX_PRIORITY = 2**31 - 1  # int32 on the wire, and its negation must be one too
 
 _SAME_NAME = (
     "temperature",
@@ -46,6 +48,18 @@ class RequestedParams:
     limit_field: str | None
     # How this API spells the fields SamplingParams.validate reports.
     aliases: dict[str, str]
+    # The least token limit the API takes: 0 (score the prompt, generate nothing) only
+    # natively and for an echoed completion, as vLLM and SGLang allow it.
+    min_limit: int = 1
+    # vLLM's truncate_prompt_tokens: keep the prompt's last N tokens (-1: as many as fit).
+    truncate_prompt_tokens: int | None = None
+    # vLLM's priority: lower runs earlier. The scheduler orders higher first (SGLang's
+    # way, and the native API's), so ``scheduler_priority`` is its negation.
+    priority: int = 0
+
+    @property
+    def scheduler_priority(self) -> int:
+        return -self.priority
 
 
 @dataclass(slots=True)
@@ -56,11 +70,14 @@ class FittedPrompt:
 
 
 def params_from_openai(
-    sampling: openai_pb2.OpenAISampling, max_completion_tokens: int | None = None
+    sampling: openai_pb2.OpenAISampling,
+    max_completion_tokens: int | None = None,
+    defaults: SamplingDefaults | None = None,
 ) -> RequestedParams:
     """OpenAI fields; ``max_completion_tokens`` wins over ``max_tokens`` when both are set.
-    Structured output (response_format, structured_outputs, guided_*) becomes the grammar."""
-    params = SamplingParams()
+    Structured output (response_format, structured_outputs, guided_*) becomes the grammar.
+    A field left unset takes the model's default (``defaults``), else the built-in one."""
+    params = SamplingParams() if defaults is None else defaults.new_params()
     for name in _SAME_NAME:
         if sampling.HasField(name):
             setattr(params, name, getattr(sampling, name))
@@ -79,10 +96,13 @@ def params_from_openai(
     return RequestedParams(params, limit_field, aliases)
 
 
-def params_from_native(pb: common_pb2.SamplingParams) -> RequestedParams:
+def params_from_native(
+    pb: common_pb2.SamplingParams, defaults: SamplingDefaults | None = None
+) -> RequestedParams:
     limit_field = "max_new_tokens" if pb.HasField("max_new_tokens") else None
     aliases = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
-    return RequestedParams(SamplingParams.from_pb(pb), limit_field, aliases)
+    params = SamplingParams.from_pb(pb, defaults)
+    return RequestedParams(params, limit_field, aliases, min_limit=0)
 
 
 def check_sampling(requested: RequestedParams, limits: ModelLimits) -> None:
@@ -92,6 +112,16 @@ def check_sampling(requested: RequestedParams, limits: ModelLimits) -> None:
     if requested.limit_field is None:
         probe.max_new_tokens = max(probe.min_new_tokens, 1)
     _validate(probe, requested, limits)
+    if abs(requested.priority) > MAX_PRIORITY:
+        raise InvalidArgumentError(
+            f"must be in [-{MAX_PRIORITY}, {MAX_PRIORITY}], got {requested.priority}",
+            field="priority",
+        )
+    keep = requested.truncate_prompt_tokens
+    if keep is not None and not (keep == -1 or keep >= 1):
+        raise InvalidArgumentError(
+            f"must be -1 (as many as fit) or >= 1, got {keep}", field="truncate_prompt_tokens"
+        )
 
 
 def fit_prompt(
@@ -99,7 +129,9 @@ def fit_prompt(
 ) -> FittedPrompt:
     """Final params for one prompt: token limit set, model stops merged, context respected."""
     params = _copy(requested.params)
+    input_ids, num_cut = _truncate_prompt(requested, input_ids, limits.context_length)
     ids, num_truncated = _fit_context(requested, params, input_ids, limits, prompt_field)
+    num_truncated += num_cut
     _validate(params, requested, limits)
     merge_stops(params, limits.stop_token_ids)
     return FittedPrompt(ids, params, num_truncated)
@@ -110,6 +142,27 @@ def merge_stops(params: SamplingParams, model_stop_ids: tuple[int, ...]) -> None
     params.stop = list(dict.fromkeys(params.stop))
     extra = () if params.ignore_eos else model_stop_ids
     params.stop_token_ids = list(dict.fromkeys([*params.stop_token_ids, *extra]))
+
+
+def _truncate_prompt(
+    requested: RequestedParams, ids: list[int], context: int
+) -> tuple[list[int], int]:
+    """vLLM's truncate_prompt_tokens: the prompt's last N tokens. N may not exceed what the
+    context leaves beside max_tokens (unset: 1); -1 is exactly that much."""
+    keep = requested.truncate_prompt_tokens
+    if keep is None:
+        return ids, 0
+    limit_field = requested.limit_field
+    room = context - (requested.params.max_new_tokens if limit_field else 1)
+    if keep > room:
+        room_of = f"the context length {context} - {limit_field or 'one output token'}"
+        raise InvalidArgumentError(
+            f"{keep} is more than {room_of} = {room}", field="truncate_prompt_tokens"
+        )
+    keep = room if keep == -1 else keep
+    if keep < 1:  # -1 with a max_tokens that fills the context: _fit_context refuses it
+        return ids, 0
+    return ids[-keep:], max(len(ids) - keep, 0)
 
 
 def _fit_context(
@@ -146,6 +199,11 @@ def _fit_context(
 
 
 def _validate(params: SamplingParams, requested: RequestedParams, limits: ModelLimits) -> None:
+    if 0 <= params.max_new_tokens < requested.min_limit:
+        limit = requested.aliases.get("max_tokens", "max_tokens")
+        raise InvalidArgumentError(
+            f"must be >= {requested.min_limit}, got {params.max_new_tokens}", field=limit
+        )
     try:
         params.validate(limits.vocab_size)
     except InvalidArgumentError as exc:

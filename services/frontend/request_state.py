@@ -60,6 +60,7 @@ class ReqState:
     text_chunks: list[str] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
+    input_logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
     final: detokenizer_pb2.StrRow | None = None
     is_pending: bool = False  # has news the consumer has not taken
 
@@ -84,6 +85,7 @@ class ReqState:
             self.text_chunks.append(row.text)
         self.output_ids.extend(row.output_ids)
         self.logprobs.extend(row.logprobs)
+        self.input_logprobs.extend(row.input_token_logprobs)
         if row.HasField("finish_reason"):
             self.final = row
             self.times.finished = time.time()
@@ -105,8 +107,10 @@ class ReqState:
             text="".join(self.text_chunks),
             output_ids=self.output_ids,
             logprobs=self.logprobs,
+            input_token_logprobs=self.input_logprobs,
         )
         self.text_chunks, self.output_ids, self.logprobs = [], [], []
+        self.input_logprobs = []
         self.is_pending = False
         if self.final is not None:
             row.finish_reason.CopyFrom(self.final.finish_reason)

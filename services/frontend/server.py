@@ -10,9 +10,10 @@ from contextlib import aclosing
 from typing import Any, TypeVar
 
 import grpc
-from tokenline.v1 import frontend_pb2, frontend_pb2_grpc, openai_pb2
+from tokenline.v1 import frontend_pb2, frontend_pb2_grpc, openai_pb2, session_pb2
 
 from services.common.errors import InvalidArgumentError, grpc_errors
+from services.frontend.operations import Operations
 from services.frontend.serving_chat import ChatServing
 from services.frontend.serving_completion import CompletionServing
 from services.frontend.serving_generate import GenerateServing
@@ -51,11 +52,16 @@ async def _closing_on_done(
 
 class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
     def __init__(
-        self, chat: ChatServing, completion: CompletionServing, generate: GenerateServing
+        self,
+        chat: ChatServing,
+        completion: CompletionServing,
+        generate: GenerateServing,
+        ops: Operations,
     ) -> None:
         self.chat = chat
         self.completion = completion
         self.generate = generate
+        self.ops = ops
         self.ctx = chat.ctx
         self.started = int(time.time())
 
@@ -88,10 +94,20 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
 
     @grpc_errors
     async def Tokenize(self, request, context):  # noqa: N802
-        tokens = await self.ctx.batcher.encode(request.prompt, request.add_special_tokens)
-        return frontend_pb2.TokenizeResponse(
+        if not request.HasField("chat"):
+            tokens = await self.ctx.batcher.encode(request.prompt, request.add_special_tokens)
+        elif request.add_special_tokens:
+            raise InvalidArgumentError(
+                "the chat template writes its own special tokens", field="add_special_tokens"
+            )
+        else:
+            tokens = await self.chat.prompt_ids(request.chat)
+        reply = frontend_pb2.TokenizeResponse(
             tokens=tokens, count=len(tokens), max_model_len=self.ctx.current_limits().context_length
         )
+        if request.return_token_strs:
+            reply.token_strs.extend(self.ctx.tokenizer.convert_ids_to_tokens(tokens))
+        return reply
 
     @grpc_errors
     async def Detokenize(self, request, context):  # noqa: N802
@@ -114,12 +130,32 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
         return openai_pb2.ModelList(object="list", data=[model])
 
     @grpc_errors
+    async def OpenSession(self, request, context):  # noqa: N802
+        sessions = self.ctx.manager.sessions
+        session_id = await sessions.open(request.session_id, request.capacity_of_str_len)
+        return session_pb2.OpenSessionReqOutput(session_id=session_id)
+
+    @grpc_errors
+    async def CloseSession(self, request, context):  # noqa: N802
+        await self.ctx.manager.sessions.close(request.session_id)
+        return session_pb2.CloseSessionReqOutput()
+
+    @grpc_errors
     async def GetInfo(self, request, context):  # noqa: N802
-        manager, batcher = self.ctx.manager, self.ctx.batcher
-        return frontend_pb2.FrontendInfo(
-            num_live_requests=len(manager.table),
-            frontend_id=manager.frontend_id,
-            num_tokenizer_calls=batcher.num_calls,
-            num_tokenized_requests=batcher.num_requests,
-            num_aborts_sent=manager.num_aborts_sent,
-        )
+        return self.ops.frontend_info()
+
+    @grpc_errors
+    async def GetModelInfo(self, request, context):  # noqa: N802
+        return self.ops.model_info()
+
+    @grpc_errors
+    async def GetServerInfo(self, request, context):  # noqa: N802
+        return await self.ops.server_info()
+
+    @grpc_errors
+    async def FlushCache(self, request, context):  # noqa: N802
+        return await self.ops.flush_cache()
+
+    @grpc_errors
+    async def Abort(self, request, context):  # noqa: N802
+        return await self.ops.abort(request)

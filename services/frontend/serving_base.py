@@ -14,16 +14,25 @@ import uuid
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from tokenline.v1 import common_pb2, openai_pb2
 from transformers import PreTrainedTokenizerBase
 
-from services.common.errors import InvalidArgumentError
+from services.common.errors import InvalidArgumentError, NotFoundError
+from services.common.sampling_params import SamplingDefaults
 from services.frontend.batch_tokenizer import DynamicBatchTokenizer
 from services.frontend.chat_template import ChatTemplate
 from services.frontend.limits import ModelLimits
 from services.frontend.output import ChoiceAccumulator, LogprobFormatter
-from services.frontend.params import FittedPrompt, RequestedParams, fit_prompt
+from services.frontend.params import (
+    FittedPrompt,
+    RequestedParams,
+    check_sampling,
+    fit_prompt,
+    params_from_openai,
+)
+from services.frontend.prompt_logprobs import check_start_len
 from services.frontend.reasoning_parsers import ReasoningParser
 from services.frontend.structured_output import GrammarChecker
 from services.frontend.tokenizer_manager import TokenizedRequest, TokenizerManager
@@ -33,6 +42,7 @@ from services.frontend.tool_parsers import ToolParser
 logger = logging.getLogger(__name__)
 
 MAX_TOP_LOGPROBS = 20
+OpenAIRequest: TypeAlias = openai_pb2.ChatCompletionRequest | openai_pb2.CompletionRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +60,8 @@ class ServingContext:
     tool_parser: type[ToolParser] | None = None
     reasoning_parser: type[ReasoningParser] | None = None
     tool_grammars: ToolGrammars = dataclasses.field(default_factory=ToolGrammars)
+    # The model's generation_config.json defaults (--generation-config).
+    sampling_defaults: SamplingDefaults = dataclasses.field(default_factory=SamplingDefaults)
 
     def current_limits(self) -> ModelLimits:
         """The model's limits with the context length the leased schedulers enforce, so a
@@ -61,6 +73,9 @@ class ServingContext:
 class LogprobRequest:
     enabled: bool = False
     top: int = 0
+    # Prompt logprobs from this position on (None: none), ``prompt_top`` alternatives each.
+    start_len: int | None = None
+    prompt_top: int = 0
 
 
 def new_times() -> common_pb2.StageTimes:
@@ -85,8 +100,47 @@ class ServingBase:
         requests may bring the same: it is echoed and logged, never a key."""
         return request_id or uuid.uuid4().hex
 
+    def check_model(self, model: str) -> None:
+        """vLLM's rule: no name means the served model; any other name must be it."""
+        if model and model != self.model_name:
+            raise NotFoundError(f"The model `{model}` does not exist.", field="model")
+
+    def openai_params(
+        self, request: OpenAIRequest, max_completion_tokens: int | None = None
+    ) -> RequestedParams:
+        """A chat or completion request's sampling fields and vLLM's prompt extras,
+        range-checked before anything else is done; unset fields take the model's
+        defaults."""
+        self.check_model(request.model)
+        requested = params_from_openai(
+            request.sampling, max_completion_tokens, self.ctx.sampling_defaults
+        )
+        if request.HasField("truncate_prompt_tokens"):
+            requested.truncate_prompt_tokens = request.truncate_prompt_tokens
+        requested.priority = request.priority
+        if isinstance(request, openai_pb2.CompletionRequest) and request.echo:
+            requested.min_limit = 0  # echo with max_tokens 0: score the prompt (OpenAI, vLLM)
+        check_sampling(requested, self.limits)
+        return requested
+
+    def eos_ids(self, requested: RequestedParams) -> frozenset[int]:
+        """The model's own stop tokens (its EOS): a choice one of them ends has no
+        ``stop_reason``, as vLLM reports EOS, even when stop_token_ids lists it too. With
+        ``ignore_eos`` only the request's own stop_token_ids end a choice, and they are
+        reported."""
+        if requested.params.ignore_eos:
+            return frozenset()
+        return frozenset(self.ctx.limits.stop_token_ids)
+
     @staticmethod
     def check_logprobs(logprob: LogprobRequest, field: str = "top_logprobs") -> None:
+        if logprob.top == -1:
+            # vLLM's -1 is the whole vocabulary, which vLLM too refuses unless started
+            # with --max-logprobs -1; 129,280 entries a token is not an API answer here.
+            raise InvalidArgumentError(
+                f"-1 (every vocabulary entry) is not supported; at most {MAX_TOP_LOGPROBS}",
+                field=field,
+            )
         if not 0 <= logprob.top <= MAX_TOP_LOGPROBS:
             raise InvalidArgumentError(
                 f"must be in [0, {MAX_TOP_LOGPROBS}], got {logprob.top}", field=field
@@ -94,9 +148,12 @@ class ServingBase:
         if logprob.top and not logprob.enabled:
             raise InvalidArgumentError(f"{field} requires logprobs", field=field)
 
-    async def encode_prompts(self, texts: list[str], field: str) -> list[list[int]]:
-        """Plain prompts: the tokenizer adds BOS where the model expects it."""
-        id_lists = await self.ctx.batcher.encode_many(texts, add_special_tokens=True)
+    async def encode_prompts(
+        self, texts: list[str], field: str, add_special_tokens: bool = True
+    ) -> list[list[int]]:
+        """Plain prompts: the tokenizer adds BOS where the model expects it, unless the
+        client said ``add_special_tokens: false``."""
+        id_lists = await self.ctx.batcher.encode_many(texts, add_special_tokens)
         for j, ids in enumerate(id_lists):
             if not ids:
                 raise InvalidArgumentError(f"prompt {j} is empty", field=field)
@@ -128,6 +185,7 @@ class ServingBase:
         each with a rid of its own."""
         limits = self.limits  # the schedulers' context as of now, once for every prompt
         fitted = [fit_prompt(requested, ids, limits, prompt_field) for ids in id_lists]
+        check_start_len(logprob.start_len, [len(p.input_ids) for p in fitted])
         batched = len(fitted) > 1
         reqs: list[TokenizedRequest] = []
         for j, prompt in enumerate(fitted):
@@ -135,9 +193,14 @@ class ServingBase:
             if prompt.num_truncated:
                 logger.info("%s: prompt cut by %d tokens", prompt_label, prompt.num_truncated)
             reqs += fan_out(self.manager.new_rid, prompt_label, prompt, logprob, times)
+        for req in reqs:
+            req.priority = requested.scheduler_priority
         return reqs
 
     async def collect(self, reqs: list[TokenizedRequest]) -> list[ChoiceAccumulator]:
+        """The whole output of each choice. The scheduler is told nobody streams it, so
+        it sends each choice's tokens in one final row instead of one per step."""
+        reqs = [dataclasses.replace(r, stream=False) for r in reqs]
         accs = [ChoiceAccumulator() for _ in reqs]
         async with aclosing(self.manager.generate(reqs)) as rows:
             async for index, row in rows:
@@ -178,6 +241,8 @@ def fan_out(
                 logprob.top,
                 times,
                 label=label if params.n == 1 else f"{label}-{i}",
+                logprob_start_len=logprob.start_len,
+                prompt_top_logprobs_num=logprob.prompt_top,
             )
         )
     return reqs

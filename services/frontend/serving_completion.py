@@ -7,14 +7,19 @@ puts the prompt's text before the completion; ``suffix`` (insertion) is refused.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
-from tokenline.v1 import openai_pb2
+from tokenline.v1 import common_pb2, openai_pb2
 
 from services.common.errors import InvalidArgumentError
-from services.frontend.output import ChoiceAccumulator, finish_name, set_matched_stop
-from services.frontend.params import check_sampling, params_from_openai
+from services.frontend.output import (
+    ChoiceAccumulator,
+    UnsentTokenIds,
+    finish_name,
+    set_matched_stop,
+)
+from services.frontend.prompt_logprobs import prompt_logprobs_top, with_texts
 from services.frontend.serving_base import LogprobRequest, ServingBase, new_times
 from services.frontend.tokenizer_manager import TokenizedRequest
 
@@ -26,10 +31,16 @@ class PreparedCompletion:
     prompts: list[str]  # each prompt's text (for echo; empty strings otherwise)
     num_prompt_tokens: int
     logprob: LogprobRequest
+    eos_ids: frozenset[int] = frozenset()  # stops on these report no stop_reason
+    return_token_ids: bool = False
 
     @property
     def n(self) -> int:
         return len(self.reqs) // len(self.prompts)
+
+    def prompt_ids(self, index: int) -> list[int]:
+        """Choice ``index``'s prompt ids for return_token_ids (none when not asked)."""
+        return self.reqs[index].input_ids if self.return_token_ids else []
 
 
 class CompletionServing(ServingBase):
@@ -41,14 +52,16 @@ class CompletionServing(ServingBase):
             raise InvalidArgumentError(
                 "give prompt as text or as token ids, not both", field="prompt"
             )
-        requested = params_from_openai(request.sampling)
-        check_sampling(requested, self.limits)
+        requested = self.openai_params(request)
         await self.ctx.grammars.check(requested.params, requested.aliases)
         logprob = LogprobRequest(request.HasField("logprobs"), request.logprobs)
         self.check_logprobs(logprob, field="logprobs")
+        _ask_prompt_logprobs(request, logprob)
         times.templated = times.received  # no template stage
         if request.prompts:
-            id_lists = await self.encode_prompts(list(request.prompts), "prompt")
+            # vLLM's default for completions: the tokenizer's BOS (and the like) on.
+            add = not request.HasField("add_special_tokens") or request.add_special_tokens
+            id_lists = await self.encode_prompts(list(request.prompts), "prompt", add)
         else:
             id_lists = [list(t.ids) for t in request.prompt_token_ids]
             self.check_id_lists(id_lists, "prompt")
@@ -57,7 +70,10 @@ class CompletionServing(ServingBase):
         reqs = self.build_requests(label, requested, id_lists, "prompt", logprob, times)
         prompts = self._echo_texts(request, reqs, len(id_lists))
         num_prompt = sum(len(r.input_ids) for r in reqs[:: len(reqs) // len(id_lists)])
-        return PreparedCompletion(label, reqs, prompts, num_prompt, logprob)
+        return PreparedCompletion(
+            label, reqs, prompts, num_prompt, logprob,
+            self.eos_ids(requested), request.return_token_ids,
+        )  # fmt: skip
 
     def _echo_texts(
         self, request: openai_pb2.CompletionRequest, reqs: list[TokenizedRequest], num: int
@@ -77,16 +93,21 @@ class CompletionServing(ServingBase):
             object="text_completion",
             created=int(time.time()),
             model=self.model_name,
-            usage=self._usage(accs, prep.num_prompt_tokens),
+            usage=self._usage(accs, prep.num_prompt_tokens, prep.n),
         )
         for i, acc in enumerate(accs):
             head = prep.prompts[i // prep.n]
             choice = response.choices.add(
                 index=i, text=head + acc.text, finish_reason=finish_name(acc.finish)
             )
-            set_matched_stop(choice, acc.finish)
+            set_matched_stop(choice, acc.finish, prep.eos_ids)
+            if prep.return_token_ids:
+                choice.token_ids.extend(acc.output_ids)
+                choice.prompt_token_ids.extend(prep.prompt_ids(i))
             if prep.logprob.enabled:
-                choice.logprobs.CopyFrom(self.logprobs.completion_entries(acc.logprobs, len(head)))
+                choice.logprobs.CopyFrom(self._logprobs(acc.input_logprobs, acc.logprobs))
+            if request.HasField("prompt_logprobs"):
+                choice.prompt_logprobs.extend(with_texts(acc.input_logprobs, self._token_text))
         if accs and accs[0].times is not None:
             response.times.CopyFrom(accs[0].times)
         return response
@@ -94,36 +115,60 @@ class CompletionServing(ServingBase):
     async def stream(
         self, request: openai_pb2.CompletionRequest
     ) -> AsyncIterator[openai_pb2.CompletionChunk]:
+        if request.HasField("prompt_logprobs"):  # a stream has no place for them
+            prompt_logprobs_top(request.prompt_logprobs, stream=True)
         prep = await self.prepare(request)
         make = _chunk_maker(prep.label, self.model_name, int(time.time()))
         include_usage = request.stream_options.include_usage
         continuous = include_usage and request.stream_options.continuous_usage_stats
         accs = [ChoiceAccumulator() for _ in prep.reqs]
+        unsent_ids = UnsentTokenIds(prep.return_token_ids, len(prep.reqs))
+        started = [False] * len(prep.reqs)  # prompt_token_ids go on a choice's first chunk
         async with self.manager.open(prep.reqs) as rows:
             if request.echo:  # only once every choice is accepted
                 head = make()
                 for i in range(len(prep.reqs)):
-                    head.choices.add(index=i, text=prep.prompts[i // prep.n])
+                    text = prep.prompts[i // prep.n]
+                    head.choices.add(index=i, text=text, prompt_token_ids=prep.prompt_ids(i))
+                    started[i] = True
                 yield head
             async for index, row in rows:
                 accs[index].add(row)
+                unsent_ids.add(index, row.output_ids)
                 if not (row.text or row.HasField("finish_reason") or row.logprobs):
                     continue
                 out = make()
                 choice = out.choices.add(index=index, text=row.text)
+                choice.token_ids.extend(unsent_ids.take(index))
+                if not started[index]:
+                    choice.prompt_token_ids.extend(prep.prompt_ids(index))
+                    started[index] = True
                 if prep.logprob.enabled:
-                    choice.logprobs.CopyFrom(self.logprobs.completion_entries(list(row.logprobs)))
+                    choice.logprobs.CopyFrom(self._logprobs(row.input_token_logprobs, row.logprobs))
                 if row.HasField("finish_reason"):
                     choice.finish_reason = finish_name(row.finish_reason)
-                    set_matched_stop(choice, row.finish_reason)
+                    set_matched_stop(choice, row.finish_reason, prep.eos_ids)
                     out.times.CopyFrom(row.times)
                 if continuous:
                     out.usage.CopyFrom(self._running(accs, prep.num_prompt_tokens))
                 yield out
         if include_usage:
             last = make()
-            last.usage.CopyFrom(self._usage(accs, prep.num_prompt_tokens))
+            last.usage.CopyFrom(self._usage(accs, prep.num_prompt_tokens, prep.n))
             yield last
+
+    def _token_text(self, token_id: int) -> str:
+        return self.logprobs.token_text(token_id)
+
+    def _logprobs(
+        self, prompt: Sequence[common_pb2.TokenLogprob], output: Sequence[common_pb2.TokenLogprob]
+    ) -> openai_pb2.CompletionLogprobs:
+        """``choice.logprobs``: with echo the prompt's entries come first (only echo asks
+        for them with logprobs), the first prompt token's null; text offsets count from
+        the start of the choice's text (the prompt's, with echo)."""
+        out = self.logprobs.completion_entries([*prompt, *output])
+        out.is_first_null = bool(prompt) and prompt[0].no_logprob
+        return out
 
     def _running(
         self, accs: list[ChoiceAccumulator], num_prompt: int
@@ -131,9 +176,14 @@ class CompletionServing(ServingBase):
         return self.running_usage(num_prompt, [a.num_output_tokens for a in accs])
 
     @staticmethod
-    def _usage(accs: list[ChoiceAccumulator], num_prompt: int) -> openai_pb2.CompletionUsage:
+    def _usage(
+        accs: list[ChoiceAccumulator], num_prompt: int, n: int
+    ) -> openai_pb2.CompletionUsage:
+        """Each prompt's tokens and cached tokens counted once (its first choice's: the
+        other n - 1 share its KV, as vLLM counts a request), completions summed."""
         completion = sum(a.usage.completion_tokens for a in accs if a.usage is not None)
-        cached = sum(a.usage.cached_tokens for a in accs if a.usage is not None)
+        firsts = [a.usage for a in accs[::n] if a.usage is not None]
+        cached = sum(u.cached_tokens for u in firsts)
         return openai_pb2.CompletionUsage(
             prompt_tokens=num_prompt,
             completion_tokens=completion,
@@ -149,3 +199,14 @@ def _chunk_maker(label: str, model: str, created: int) -> Callable[[], openai_pb
         )
 
     return make
+
+
+def _ask_prompt_logprobs(request: openai_pb2.CompletionRequest, logprob: LogprobRequest) -> None:
+    """Prompt logprobs from the first token: for vLLM's prompt_logprobs (its count of
+    alternatives), and for echo with logprobs (the logprobs count, as vLLM does)."""
+    value = request.prompt_logprobs if request.HasField("prompt_logprobs") else None
+    top = prompt_logprobs_top(value, stream=request.stream)
+    if top is None and request.echo and logprob.enabled:
+        top = logprob.top
+    if top is not None:
+        logprob.start_len, logprob.prompt_top = 0, top

@@ -26,6 +26,7 @@ from tokenline.v1 import (
     detokenizer_pb2_grpc,
     scheduler_pb2,
     scheduler_pb2_grpc,
+    session_pb2,
 )
 
 from services.common.errors import SCHEDULER_STREAM_ENDED, UnavailableError
@@ -33,6 +34,7 @@ from services.common.sampling_params import SamplingParams
 from services.common.tls import TlsSettings, open_channel
 from services.frontend.request_state import ReqStage, ReqState, ReqStateTable
 from services.frontend.router import SchedulerRouter
+from services.frontend.sessions import SessionRoutes
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,13 @@ class TokenizedRequest:
     top_logprobs_num: int = 0
     times: common_pb2.StageTimes | None = None
     label: str = ""  # the client's id for this choice: echoed and logged, never a key
+    stream: bool = True  # False: the client waits for the whole output (one final row)
+    # In a session: sent to the replica holding it, which puts the parent's ids in front.
+    session: session_pb2.SessionParams | None = None
+    priority: int = 0  # the scheduler's order: higher runs first
+    # Prompt logprobs from this position on (None: none), with this many alternatives.
+    logprob_start_len: int | None = None
+    prompt_top_logprobs_num: int = 0
 
 
 class TokenizerManager:
@@ -70,7 +79,9 @@ class TokenizerManager:
             addr: scheduler_pb2_grpc.SchedulerServiceStub(ch) for addr, ch in self._channels.items()
         }
         self.router = SchedulerRouter(self._stubs, frontend_id, on_down=self._scheduler_down)
+        self.sessions = SessionRoutes(self._stubs, self.router.pick, frontend_id)
         self._rid_counter = itertools.count()
+        self.detokenizer_addr = detokenizer_addr
         self._detok_channel = open_channel(detokenizer_addr, tls)
         self._subscription: asyncio.Task | None = None
         self._cleanups: set[asyncio.Task] = set()
@@ -131,7 +142,8 @@ class TokenizerManager:
 
     def _scheduler_down(self, addr: str) -> None:
         """The lease on a replica ended: it aborts this frontend's requests there, so
-        they fail now with UNAVAILABLE."""
+        they fail now with UNAVAILABLE, and closes the sessions this frontend holds there."""
+        self.sessions.drop_scheduler(addr)
         for state in self.table.live():
             if state.scheduler == addr:
                 state.fail(f"scheduler {addr} is unavailable")
@@ -204,6 +216,9 @@ class TokenizerManager:
             raise UnavailableError(fr.message)
 
     async def _dispatch(self, state: ReqState, req: TokenizedRequest) -> None:
+        if req.session is not None:  # only the replica holding the session can run it
+            await self._dispatch_to(self.sessions.scheduler_of(req.session.id), state, req)
+            return
         try:
             await self._dispatch_to(self.router.pick(), state, req)
         except grpc.aio.AioRpcError as exc:
@@ -220,11 +235,17 @@ class TokenizerManager:
             input_ids=req.input_ids,
             sampling_params=req.params.to_pb(),
             logprob=common_pb2.LogprobOptions(
-                return_logprob=req.return_logprob, top_logprobs_num=req.top_logprobs_num
+                return_logprob=req.return_logprob,
+                top_logprobs_num=req.top_logprobs_num,
+                logprob_start_len=req.logprob_start_len,
+                prompt_top_logprobs_num=req.prompt_top_logprobs_num,
             ),
             reply_to=self.frontend_id,
             times=state.times,
             label=req.label,
+            stream=req.stream,
+            priority=req.priority,
+            session_params=req.session,
         )
         state.scheduler = addr
         self.router.dispatched(addr)
@@ -262,15 +283,38 @@ class TokenizerManager:
                 state.stage = ReqStage.ABORTED  # at most one AbortReq
                 await self._send_abort(state)
 
-    async def _send_abort(self, state: ReqState) -> None:
+    async def _send_abort(self, state: ReqState, reason: str = "client cancelled") -> None:
         self.num_aborts_sent += 1
         try:
             await self._stubs[state.scheduler].Abort(
-                scheduler_pb2.AbortReq(rid=state.rid, reason="client cancelled"),
+                scheduler_pb2.AbortReq(rid=state.rid, reason=reason),
                 timeout=_ABORT_TIMEOUT_S,
             )
         except grpc.aio.AioRpcError as exc:
             logger.warning("abort rid=%s failed: %s", state.rid, exc.code())
+
+    async def abort_live(self, states: list[ReqState], reason: str) -> int:
+        """Have each live request's scheduler abort it (an operator's abort, not a client
+        leaving): the scheduler ends it with a final ``abort`` row carrying ``reason``, so
+        its stream ends as any abort does and its state is released on the normal path.
+        Waits for an AddRequest still in flight, so the abort cannot overtake it.
+        Returns how many AbortReq were sent."""
+        held = [s for s in states if s.may_be_held]
+        calls = [s.dispatch_call for s in held if s.dispatch_call and not s.dispatch_call.done()]
+        if calls:
+            await asyncio.wait(calls, timeout=_ABORT_TIMEOUT_S)
+            held = [s for s in held if s.may_be_held]  # a refused one was never held
+        await asyncio.gather(*(self._send_abort(s, reason) for s in held))
+        return len(held)
+
+    @property
+    def schedulers(self) -> dict[str, scheduler_pb2_grpc.SchedulerServiceStub]:
+        """Each replica's stub by address, for the operator RPCs that fan out."""
+        return dict(self._stubs)
+
+    async def detokenizer_info(self) -> detokenizer_pb2.DetokenizerInfo:
+        stub = detokenizer_pb2_grpc.DetokenizerServiceStub(self._detok_channel)
+        return await stub.GetInfo(detokenizer_pb2.DetokenizerInfoRequest(), timeout=5)
 
     async def scheduler_info(self) -> list[scheduler_pb2.SchedulerInfo]:
         return [

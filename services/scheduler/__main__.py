@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ class SchedulerProcessConfig:
     context_length: int
     disable_prefix_cache: bool
     num_threads: int
+    stream_interval: int
     drain_timeout: float
     log_level: str
     log_json: bool
@@ -85,6 +87,13 @@ def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
         action="store_true",
         help="do not share KV of common prefixes across requests (radix cache off)",
     )
+    _add_batching_flags(p)
+    args, tls = parse_service_args(p, argv)
+    return SchedulerProcessConfig(**args, tls=tls)
+
+
+def _add_batching_flags(p: argparse.ArgumentParser) -> None:
+    """How many requests and tokens a step takes, and how often rows go out."""
     p.add_argument("--max-running-requests", type=int, default=64)
     p.add_argument("--max-waiting-requests", type=int, default=4096)
     p.add_argument(
@@ -100,8 +109,20 @@ def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
         help="override the model's context length (0: from config.json)",
     )
     p.add_argument("--num-threads", type=int, default=0, help="torch intra-op threads (0: auto)")
-    args, tls = parse_service_args(p, argv)
-    return SchedulerProcessConfig(**args, tls=tls)
+    p.add_argument(
+        "--stream-interval",
+        type=_at_least_one,
+        default=1,
+        help="a streamed request's tokens go out every N steps (its first at once); "
+        "unary requests send only their final row",
+    )
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, int, str]:
@@ -133,6 +154,7 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, int, str]:
             max_num_batched_tokens=config.max_num_batched_tokens,
             context_length=context,
             enable_prefix_cache=not config.disable_prefix_cache,
+            stream_interval=config.stream_interval,
         ),
         device,
     )
@@ -169,7 +191,7 @@ async def serve(config: SchedulerProcessConfig) -> None:
         tls=config.tls,
     )
     model_name = Path(config.model).resolve().name
-    servicer = SchedulerServicer(model_name)
+    servicer = SchedulerServicer(model_name, metrics_port=config.metrics_port)
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, process.server)
     # Liveness answers while the model loads; readiness waits for it.
     await process.start()

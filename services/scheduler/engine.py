@@ -35,8 +35,10 @@ from services.scheduler.grammar import GrammarCompiler, create_request_grammar
 from services.scheduler.kv_cache import KVCacheManager
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model_runner import CausalLM, ForwardPlan, ModelRunner
+from services.scheduler.prompt_logprobs import PromptLogprob, PromptSpan, plan_spans, record_spans
 from services.scheduler.req import DecodeFlags, FinishInfo, LogprobEntry, Req, ReqStatus, ReqTimes
 from services.scheduler.sampler import SampleOutput, Sampler
+from services.scheduler.sessions import SessionManager
 from services.scheduler.stats import FinishedReqStats, SchedulerStats
 from services.scheduler.stop_checker import StopChecker
 from services.scheduler.waiting_queue import WaitingQueue
@@ -51,6 +53,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 1024  # per step: prefill chunk tokens + one per decode
     context_length: int = 4096
     enable_prefix_cache: bool = True
+    # A streamed request's row goes out with its first token, then once every this many
+    # tokens (SGLang's --stream-interval); unary requests send only their final row.
+    stream_interval: int = 1
 
 
 # Prompt tokens sent with a request's first row so the detokenizer can seed its window
@@ -83,6 +88,8 @@ class OutputRow:
     logprobs: tuple[LogprobEntry, ...] = ()
     times: ReqTimes | None = None  # a copy of the request's stage stamps, on its final row
     init: RowInit | None = None
+    # Every prompt logprob, on the first row made once the whole prompt is scored.
+    input_logprobs: tuple[PromptLogprob, ...] = ()
 
     @classmethod
     def of(
@@ -108,6 +115,9 @@ class OutputRow:
             logprobs=tuple(logprobs),
             times=replace(req.times) if finish is not None else None,
             init=init,
+            input_logprobs=(
+                req.prompt_logprobs.take(len(req.input_ids)) if req.prompt_logprobs else ()
+            ),
         )
 
 
@@ -121,11 +131,11 @@ class StepPlan:
     prefix_lens: list[int] = field(default_factory=list)  # tokens already in KV before this step
     rids: set[str] = field(default_factory=set)
 
-    def forward_plan(self, logit_rows: list[int]) -> ForwardPlan:
+    def forward_plan(self, logit_rows: list[int], spans: list[PromptSpan]) -> ForwardPlan:
         """What the model runner needs of this plan; call once scheduling is done (the
         requests' slot lists are complete then)."""
         kv_slots = [r.kv_slots for r in self.reqs]
-        return ForwardPlan(self.chunks, self.prefix_lens, kv_slots, logit_rows)
+        return ForwardPlan(self.chunks, self.prefix_lens, kv_slots, logit_rows, spans)
 
 
 class Scheduler:
@@ -151,6 +161,9 @@ class Scheduler:
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
         self._pending_rows: list[OutputRow] = []  # final rows produced between steps
+        # The tokenizer's BOS (HF tokenizers have one attribute for it; None if it has none).
+        bos_token_id = getattr(stop_checker.tokenizer, "bos_token_id", None)
+        self.sessions = SessionManager(self.kv, self.runner, bos_token_id)
         # Every count the scheduler keeps (steps, tokens, retractions, ...) lives here, and
         # only here, until ``take_stats`` hands it over.
         self.stats = SchedulerStats()
@@ -163,6 +176,7 @@ class Scheduler:
             raise AlreadyExistsError(f"request id {req.rid!r} is already in flight", field="rid")
         if len(self.waiting) >= self.config.max_waiting_requests:
             raise ResourceExhaustedError("scheduler waiting queue is full")
+        joining = None if req.session is None else self.sessions.prepare(req, req.session)
         self.validate(req)
         if req.params.seed is not None:
             req.generator = torch.Generator(device=self.runner.device)
@@ -173,6 +187,9 @@ class Scheduler:
             self._compiling.append(req)
         if req.times.queued is None:  # the RPC side stamps it on acceptance
             req.times.queued = time.time()
+        if joining is not None:
+            for dropped in self.sessions.join(req, joining):
+                self.abort(dropped.rid, "replaced in its session")
         self.reqs[req.rid] = req
         self.waiting.push(req)
 
@@ -191,6 +208,8 @@ class Scheduler:
                 field="prompt",
             )
         req.params.validate(vocab_size)
+        if req.prompt_logprobs is not None:
+            req.prompt_logprobs.validate(len(req.input_ids))
 
     def abort(self, rid: str, reason: str = "aborted") -> bool:
         """Release the request's KV and slot now; a final ``abort`` row follows with the
@@ -207,6 +226,22 @@ class Scheduler:
         req.status = ReqStatus.ABORTED
         req.finish = FinishInfo("abort", message=reason)
         self._pending_rows.append(OutputRow.of(req, [], req.finish))
+
+    def open_session(self, session_id: str, capacity: int, owner: str) -> None:
+        """Open a session (sessions.py); ALREADY_EXISTS while that id is open."""
+        self.sessions.open(session_id, capacity, owner)
+
+    def close_session(self, session_id: str, reason: str = "session closed") -> None:
+        """Close a session: its running requests are aborted, its KV unpinned."""
+        for req in self.sessions.close(session_id):
+            self.abort(req.rid, reason)
+
+    def close_sessions_of(self, owner: str, reason: str) -> int:
+        """Close every session ``owner`` opened (its lease ended); returns how many."""
+        num = len(self.sessions)
+        for req in self.sessions.close_owned(owner):
+            self.abort(req.rid, reason)
+        return num - len(self.sessions)
 
     def flush_cache(self) -> bool:
         """Drop all cached prefixes; refused (False) while requests are running."""
@@ -366,20 +401,33 @@ class Scheduler:
         plan.budget -= num
 
     def _run(self, plan: StepPlan) -> list[OutputRow]:
-        # A request whose every token is in KV after this step samples its next one.
-        rows = [i for i, r in enumerate(plan.reqs) if r.num_uncomputed == 0]
+        # A request whose every token is in KV after this step samples its next one,
+        # unless it asked for none (scoring a prompt: it ends here).
+        done = [i for i, r in enumerate(plan.reqs) if r.num_uncomputed == 0]
+        rows = [i for i in done if plan.reqs[i].params.max_new_tokens > 0]
         reqs = [plan.reqs[i] for i in rows]
         # What the sampler needs beside the logits (grammar bitmasks) is known now: it
         # starts first and builds beside the forward.
         self.sampler.prepare(reqs, self.runner.vocab_size, self.runner.device)
-        logits = self.runner.forward(plan.forward_plan(rows))
+        spans = plan_spans(plan.reqs, plan.prefix_lens, plan.chunks)
+        out = self.runner.run(plan.forward_plan(rows, spans))
+        record_spans(plan.reqs, spans, out.prompt_logprobs)
         self.stats.step_tokens.append(sum(map(len, plan.chunks)))
         for req, prefix_len in zip(plan.reqs, plan.prefix_lens, strict=True):
             if prefix_len < len(req.input_ids):
                 self.kv.cache_prefix(req)  # share the prompt as soon as it is computed
+        scored = [plan.reqs[i] for i in done if plan.reqs[i].params.max_new_tokens == 0]
+        ended = [self._end_prompt_only(req) for req in scored]
         if not reqs:
-            return []
-        return self._commit(reqs, self.sampler.sample(logits, reqs))
+            return ended
+        return ended + self._commit(reqs, self.sampler.sample(out.logits, reqs))
+
+    def _end_prompt_only(self, req: Req) -> OutputRow:
+        """A request with max_new_tokens 0 ends once its prompt is computed (and scored):
+        ``length``, no token sampled."""
+        finish = FinishInfo("length")
+        self._finish(req, finish, ReqStatus.FINISHED)
+        return self._take_row(req, finish)
 
     def _commit(self, reqs: list[Req], out: SampleOutput) -> list[OutputRow]:
         rows = []
@@ -390,16 +438,34 @@ class Scheduler:
                 req.times.first_token = now
             self.stats.on_token(req, now)
             req.last_token_time = now
+            if logprob:
+                req.unsent_logprobs.append(logprob)
             finish = self.stop_checker.check(req)
             if finish is not None:
                 self._finish(req, finish, ReqStatus.FINISHED)
-            rows.append(OutputRow.of(req, [token], finish, [logprob] if logprob else ()))
+            if finish is not None or self._row_due(req):
+                rows.append(self._take_row(req, finish))
         return rows
+
+    def _row_due(self, req: Req) -> bool:
+        """Whether a live request reports now: streamed ones at their first token and then
+        every ``stream_interval`` tokens, unary ones never before their end."""
+        if not req.stream:
+            return False
+        unsent = len(req.output_ids) - req.num_sent_ids
+        return req.num_sent_ids == 0 or unsent >= self.config.stream_interval
+
+    def _take_row(self, req: Req, finish: FinishInfo | None) -> OutputRow:
+        """A row with every token (and logprob) not yet reported."""
+        new_ids = req.output_ids[req.num_sent_ids :]
+        req.num_sent_ids = len(req.output_ids)
+        logprobs, req.unsent_logprobs = req.unsent_logprobs, []
+        return OutputRow.of(req, new_ids, finish, logprobs)
 
     def _end(self, req: Req, finish: FinishInfo, status: ReqStatus = ReqStatus.FINISHED) -> None:
         """End a request outside the sampling path; its final row goes out next step."""
         self._finish(req, finish, status)
-        self._pending_rows.append(OutputRow.of(req, [], finish))
+        self._pending_rows.append(self._take_row(req, finish))
 
     def _finish(self, req: Req, finish: FinishInfo, status: ReqStatus) -> None:
         """The one place a request leaves the scheduler and its KV is released."""
@@ -410,6 +476,8 @@ class Scheduler:
         req.finish = finish
         req.status = status
         req.times.finished = time.time()
+        if req.session is not None:
+            self.sessions.on_finish(req)  # keeps a complete request's tokens in KV
         self.kv.release(req)
         self.reqs.pop(req.rid, None)
         self.stats.finished.append(FinishedReqStats.of(req))

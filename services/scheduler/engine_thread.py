@@ -18,6 +18,7 @@ Torch releases the GIL during kernels, so both sides make progress.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import queue
@@ -43,6 +44,23 @@ RowSink = Callable[[list[OutputRow]], None]
 @dataclass(frozen=True, slots=True)
 class AddCommand:
     req: Req
+    # A request in a session is checked against the session on the engine thread, which
+    # answers here (None, or the refusal); other requests are answered on the loop side.
+    done: concurrent.futures.Future[None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenSessionCommand:
+    session_id: str
+    capacity: int
+    owner: str
+    done: concurrent.futures.Future[None]
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSessionCommand:
+    session_id: str
+    done: concurrent.futures.Future[None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +84,33 @@ class AbortOwnedCommand:
     reason: str
 
 
-Command = AddCommand | AbortCommand | AbortStartedCommand | AbortOwnedCommand
+@dataclass(frozen=True, slots=True)
+class FlushOutcome:
+    """What a flush found: it empties the prefix cache only when nothing is in flight."""
+
+    flushed: bool
+    num_running: int
+    num_waiting: int
+    reason: str = ""  # why not, when not flushed
+
+
+@dataclass(frozen=True, slots=True)
+class FlushCommand:
+    """Empty the prefix cache unless a request is running or waiting (SGLang refuses
+    then too); the engine thread answers through ``done``."""
+
+    done: concurrent.futures.Future[FlushOutcome]
+
+
+Command = (
+    AddCommand
+    | AbortCommand
+    | AbortStartedCommand
+    | AbortOwnedCommand
+    | FlushCommand
+    | OpenSessionCommand
+    | CloseSessionCommand
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +124,7 @@ class EngineStats:
     num_total_kv_tokens: int = 0
     num_cached_kv_tokens: int = 0  # in the prefix cache, shared or evictable
     num_evictable_kv_tokens: int = 0  # cached and held by no request
+    num_sessions: int = 0
 
 
 class LiveRids:
@@ -161,18 +206,38 @@ class EngineThread:
 
     # ---- loop side ---------------------------------------------------------------
 
-    def add_request(self, req: Req) -> None:
+    def add_request(self, req: Req) -> concurrent.futures.Future[None] | None:
         """Accept ``req`` or raise (INVALID_ARGUMENT, ALREADY_EXISTS, RESOURCE_EXHAUSTED).
-        Never waits for the engine: an accepted request joins the next step."""
+        Never waits for the engine: an accepted request joins the next step. A request
+        in a session depends on the session's state, which only the engine thread reads:
+        for it the answer is the returned future, resolved once the engine applied it."""
         self.scheduler.validate(req)
         self.live.claim(req.rid)
         # Accepted now: the wait for the engine's next step is queueing, not dispatch.
         req.times.queued = time.time()
+        done: concurrent.futures.Future[None] | None = None
+        if req.session is not None:
+            done = concurrent.futures.Future()
         try:
-            self._submit(AddCommand(req))
+            self._submit(AddCommand(req, done))
         except ResourceExhaustedError:
             self.live.release(req.rid)
             raise
+        return done
+
+    def open_session(
+        self, session_id: str, capacity: int, owner: str
+    ) -> concurrent.futures.Future[None]:
+        """Queue opening a session; the future resolves on the engine thread."""
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._submit(OpenSessionCommand(session_id, capacity, owner, done))
+        return done
+
+    def close_session(self, session_id: str) -> concurrent.futures.Future[None]:
+        """Queue closing a session (aborting its running requests, unpinning its KV)."""
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._submit(CloseSessionCommand(session_id, done))
+        return done
 
     def abort(self, rid: str, reason: str) -> bool:
         """Ask the engine to end ``rid``; False when it is unknown or already being aborted."""
@@ -193,6 +258,13 @@ class EngineThread:
         """Abort every request ``owner`` sent, those still in the inbox included (the
         inbox is FIFO, so they are in the engine by the time this applies)."""
         self._submit(AbortOwnedCommand(owner, reason))
+
+    def flush_cache(self) -> concurrent.futures.Future[FlushOutcome]:
+        """Queue a flush; the future resolves on the engine thread, between steps, after
+        every command submitted before it (so a request accepted earlier counts)."""
+        done: concurrent.futures.Future[FlushOutcome] = concurrent.futures.Future()
+        self._submit(FlushCommand(done))
+        return done
 
     def _submit(self, command: Command) -> None:
         """Non-blocking; RESOURCE_EXHAUSTED when the inbox is full."""
@@ -257,19 +329,65 @@ class EngineThread:
             for req in list(self.scheduler.reqs.values()):
                 if req.sent_init:
                     self.scheduler.abort(req.rid, command.reason)
+        elif isinstance(command, FlushCommand):
+            command.done.set_result(self._flush())
         elif isinstance(command, AbortOwnedCommand):
-            owned = [r for r in self.scheduler.reqs.values() if r.flags.reply_to == command.owner]
-            for req in owned:
-                self.scheduler.abort(req.rid, command.reason)
-            if owned:
-                logger.warning("aborted %d requests: %s", len(owned), command.reason)
+            self._abort_owned(command.owner, command.reason)
+        elif isinstance(command, OpenSessionCommand | CloseSessionCommand):
+            self._apply_session(command)
         else:
-            try:
-                self.scheduler.add_request(command.req)
-            except TokenlineError as exc:  # the loop side checked; tell the client anyway
-                req = command.req
+            self._add(command)
+
+    def _add(self, command: AddCommand) -> None:
+        req = command.req
+        try:
+            self.scheduler.add_request(req)
+        except TokenlineError as exc:
+            if command.done is None:  # the loop side checked; tell the client anyway
                 logger.warning("engine refused rid=%s (label %s): %s", req.rid, req.label, exc)
                 self.scheduler.refuse(req, str(exc))
+            else:  # the RPC is still waiting: the refusal is its answer, no row follows
+                self.live.release(req.rid)
+                _answer(command.done, exc)
+            return
+        if command.done is not None:
+            _answer(command.done, None)
+
+    def _abort_owned(self, owner: str, reason: str) -> None:
+        """``owner``'s lease ended: its requests are aborted and its sessions closed."""
+        owned = [r for r in self.scheduler.reqs.values() if r.flags.reply_to == owner]
+        for req in owned:
+            self.scheduler.abort(req.rid, reason)
+        if owned:
+            logger.warning("aborted %d requests: %s", len(owned), reason)
+        num_closed = self.scheduler.close_sessions_of(owner, reason)
+        if num_closed:
+            logger.warning("closed %d sessions: %s", num_closed, reason)
+            self._publish_stats()
+
+    def _apply_session(self, command: OpenSessionCommand | CloseSessionCommand) -> None:
+        try:
+            if isinstance(command, OpenSessionCommand):
+                self.scheduler.open_session(command.session_id, command.capacity, command.owner)
+            else:
+                self.scheduler.close_session(command.session_id)
+        except TokenlineError as exc:
+            _answer(command.done, exc)
+            return
+        self._publish_stats()  # the session count and the pinned KV changed
+        _answer(command.done, None)
+
+    def _flush(self) -> FlushOutcome:
+        s = self.scheduler
+        num_running, num_waiting = len(s.running), len(s.waiting)
+        if num_running or num_waiting:
+            reason = f"{num_running} running, {num_waiting} waiting"
+            return FlushOutcome(False, num_running, num_waiting, reason)
+        if not s.flush_cache():
+            return FlushOutcome(False, 0, 0, "cached prefixes are pinned (open sessions)")
+        logger.info("prefix cache flushed")
+        self._publish_stats()  # the cached-token gauge dropped
+        return FlushOutcome(True, 0, 0)
 
     def _publish_stats(self) -> None:
         s = self.scheduler
@@ -280,4 +398,14 @@ class EngineThread:
             num_total_kv_tokens=s.kv_pool.num_tokens,
             num_cached_kv_tokens=s.kv.num_cached,
             num_evictable_kv_tokens=s.kv.num_evictable,
+            num_sessions=len(s.sessions),
         )
+
+
+def _answer(done: concurrent.futures.Future[None], error: TokenlineError | None) -> None:
+    """Resolve a waiting RPC's future; one whose caller gave up is left alone."""
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)

@@ -10,7 +10,7 @@ runs, ``free + evictable == total``.
 from __future__ import annotations
 
 from services.scheduler.kv_pool import KVPool
-from services.scheduler.radix_cache import RadixCache
+from services.scheduler.radix_cache import RadixCache, TreeNode
 from services.scheduler.req import Req
 
 
@@ -54,13 +54,13 @@ class KVCacheManager:
     def match(self, req: Req) -> int:
         """Attach the longest cached prefix of the request's tokens, locked; returns its length.
 
-        At least one token is left uncomputed: the step that computes it yields the
-        logits the next token is sampled from.
+        At most ``req.max_prefix_len()`` tokens: at least one is left uncomputed (the
+        step that computes it yields the logits the next token is sampled from), more
+        while the request still needs the logits of prompt positions.
         """
         if self.tree is None:
             return 0
-        num_tokens = len(req.input_ids) + len(req.output_ids)
-        match = self.tree.match_prefix(req.token_slice(0, num_tokens - 1))
+        match = self.tree.match_prefix(req.token_slice(0, req.max_prefix_len()))
         self.tree.lock(match.node)
         req.kv_slots = match.slots
         req.cache_node = match.node
@@ -102,6 +102,23 @@ class KVCacheManager:
             self._insert(req, req.token_slice(0, req.num_computed))
             self._unlock(req)
         self._detach(req)
+
+    def pin(self, req: Req) -> TreeNode | None:
+        """Cache every computed token of ``req`` and lock them once more, for a holder that
+        outlives the request (a session): they stay cached after ``release`` until
+        ``unpin``. None without a prefix cache (nothing can be kept)."""
+        if self.tree is None:
+            return None
+        self.cache_prefix(req)
+        node = req.cache_node
+        if node is not None:
+            self.tree.lock(node)
+        return node
+
+    def unpin(self, node: TreeNode) -> None:
+        """Give back the lock ``pin`` took; the tokens become an evictable prefix."""
+        if self.tree is not None:
+            self.tree.unlock(node)
 
     def flush(self) -> bool:
         """Drop every cached prefix; refused (False) while a request holds a lock."""

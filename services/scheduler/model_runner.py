@@ -13,7 +13,7 @@ step N is committed) hang on: the scheduler never touches a device tensor of a s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Protocol
 
@@ -23,6 +23,7 @@ from services.scheduler.attention.base import AttentionBackend, AttentionMetadat
 from services.scheduler.forward_batch import ForwardBatch
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.config import ModelConfig
+from services.scheduler.prompt_logprobs import PromptLogprob, PromptSpan, score_rows
 
 
 class CausalLM(Protocol):
@@ -50,10 +51,17 @@ class ForwardPlan:
     prefix_lens: list[int]  # per request: tokens already in KV (first new position)
     kv_slots: list[list[int]]  # per request: every pool slot, cached prefix then new tokens
     logit_rows: list[int]  # requests whose last new token is sampled, in batch order
+    prompt_spans: list[PromptSpan] = field(default_factory=list)  # rows to score
 
     @property
     def num_tokens(self) -> int:
         return sum(map(len, self.new_token_ids))
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardOutput:
+    logits: torch.Tensor  # [len(plan.logit_rows), vocab] float32, see ``ModelRunner.forward``
+    prompt_logprobs: list[list[PromptLogprob]]  # per plan.prompt_spans entry
 
 
 class ModelRunner:
@@ -81,12 +89,29 @@ class ModelRunner:
         The LM head runs on those rows only; a step that samples nothing (a prompt chunk
         that does not finish its prompt) still computes and stores its K/V.
         """
+        return self.run(plan).logits
+
+    @torch.inference_mode()
+    def run(self, plan: ForwardPlan) -> ForwardOutput:
+        """``forward``'s logits, and the prompt logprobs of each of ``plan.prompt_spans``
+        (host values, in span order) from the same hidden states."""
         batch = ForwardBatch.build(plan.new_token_ids, plan.prefix_lens, plan.kv_slots, self.device)
         meta = self.attn_backend.plan(batch)  # once per step, shared by every layer
         hidden = self.model.hidden_states(batch, meta, self.kv_pool)
+        scored = self._score_prompts(hidden, plan) if plan.prompt_spans else []
         if not plan.logit_rows:
-            return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
-        return self.model.compute_logits(self._select(hidden, plan))
+            empty = torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
+            return ForwardOutput(empty, scored)
+        return ForwardOutput(self.model.compute_logits(self._select(hidden, plan)), scored)
+
+    def _score_prompts(self, hidden: torch.Tensor, plan: ForwardPlan) -> list[list[PromptLogprob]]:
+        starts = [0, *accumulate(map(len, plan.new_token_ids))]
+        out = []
+        for span in plan.prompt_spans:
+            first = starts[span.req_index] + span.first_row
+            rows = hidden[first : first + len(span.target_ids)]
+            out.append(score_rows(rows, self.model.compute_logits, span.target_ids, span.num_top))
+        return out
 
     def _select(self, hidden: torch.Tensor, plan: ForwardPlan) -> torch.Tensor:
         """The hidden rows of each sampled request's last new token; ``hidden`` itself when

@@ -10,7 +10,9 @@ from tokenline.v1 import common_pb2, scheduler_pb2
 
 from services.common.sampling_params import SamplingParams
 from services.scheduler.engine import OutputRow
+from services.scheduler.prompt_logprobs import PromptLogprob, PromptLogprobState
 from services.scheduler.req import DecodeFlags, FinishInfo, Req, ReqTimes
+from services.scheduler.sessions import SessionParams
 
 _FINISH_KINDS = {
     "stop": common_pb2.FinishReason.KIND_STOP,
@@ -37,6 +39,42 @@ def req_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> Req:
         return_logprob=pb.logprob.return_logprob,
         top_logprobs_num=pb.logprob.top_logprobs_num,
         label=pb.label,
+        stream=pb.stream if pb.HasField("stream") else True,
+        prompt_logprobs=prompt_logprobs_from_pb(pb),
+        session=session_from_pb(pb),
+    )
+
+
+def session_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> SessionParams | None:
+    if not pb.HasField("session_params"):
+        return None
+    s = pb.session_params
+    return SessionParams(s.id, s.rid, s.offset, s.replace, s.drop_previous_output)
+
+
+def prompt_logprobs_from_pb(
+    pb: scheduler_pb2.TokenizedGenerateReqInput,
+) -> PromptLogprobState | None:
+    """What prompt logprobs the request asked for: none unless logprob_start_len is set;
+    alternatives as many as prompt_top_logprobs_num, else top_logprobs_num."""
+    opts = pb.logprob
+    if not opts.HasField("logprob_start_len"):
+        return None
+    num_top = (
+        opts.prompt_top_logprobs_num
+        if opts.HasField("prompt_top_logprobs_num")
+        else opts.top_logprobs_num
+    )
+    return PromptLogprobState.create(pb.input_ids, opts.logprob_start_len, num_top)
+
+
+def prompt_logprob_to_pb(entry: PromptLogprob) -> common_pb2.TokenLogprob:
+    """The first prompt token (no logprob) has ``no_logprob`` set and no rank."""
+    top = [common_pb2.TopLogprob(token_id=t, logprob=v) for t, v in entry.top]
+    if entry.logprob is None:
+        return common_pb2.TokenLogprob(token_id=entry.token_id, no_logprob=True)
+    return common_pb2.TokenLogprob(
+        token_id=entry.token_id, logprob=entry.logprob, rank=entry.rank, top=top
     )
 
 
@@ -89,6 +127,8 @@ def row_to_pb(row: OutputRow) -> scheduler_pb2.TokenIDRow:
             for tok, lp, top in row.logprobs
         ],
     )
+    if row.input_logprobs:
+        pb.input_token_logprobs.extend(prompt_logprob_to_pb(e) for e in row.input_logprobs)
     if row.finish is not None:
         pb.finish_reason.CopyFrom(finish_to_pb(row.finish))
     if row.times is not None:

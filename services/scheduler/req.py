@@ -15,7 +15,9 @@ from services.common.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from services.scheduler.grammar import RequestGrammar
     from services.scheduler.logits_processor import PenaltyState
+    from services.scheduler.prompt_logprobs import PromptLogprobState
     from services.scheduler.radix_cache import TreeNode
+    from services.scheduler.sessions import SessionParams
 
 # (sampled token id, its logprob, [(top token id, logprob), ...])
 LogprobEntry = tuple[int, float, list[tuple[int, float]]]
@@ -74,6 +76,12 @@ class Req:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     label: str = ""  # the client's own id, for logs only: ``rid`` is the key
+    # In a session: ``input_ids`` arrive as the new tokens only, and the session puts its
+    # parent's in front when the request joins (sessions.py).
+    session: SessionParams | None = None
+    # A streamed request reports tokens as they come (every ``stream_interval``); a unary
+    # one only needs its final row, so it sends nothing before it.
+    stream: bool = True
 
     status: ReqStatus = ReqStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
@@ -90,9 +98,13 @@ class Req:
     finish: FinishInfo | None = None
     last_token_time: float | None = None  # wall clock of the newest sampled token
     sent_init: bool = False  # its first OutputRow (carrying the DecodeFlags) was made
+    num_sent_ids: int = 0  # output ids already put in a row; the rest wait for the next
+    unsent_logprobs: list[LogprobEntry] = field(default_factory=list)
     generator: torch.Generator | None = None
     penalties: PenaltyState | None = None
     grammar: RequestGrammar | None = None  # set on arrival when the output must match one
+    # Set when the request asked for prompt logprobs (``prompt_logprobs`` module).
+    prompt_logprobs: PromptLogprobState | None = None
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """``(input_ids + output_ids)[start:end]`` without building the whole list."""
@@ -102,6 +114,14 @@ class Req:
         if start >= num_prompt:
             return self.output_ids[start - num_prompt : end - num_prompt]
         return self.input_ids[start:] + self.output_ids[: end - num_prompt]
+
+    def max_prefix_len(self) -> int:
+        """The most tokens whose KV may come from the prefix cache: all but the last (its
+        logits give the next token), fewer while prompt logprobs still need logits."""
+        limit = len(self.input_ids) + len(self.output_ids) - 1
+        state = self.prompt_logprobs
+        needed = None if state is None else state.max_prefix_len(len(self.input_ids))
+        return limit if needed is None else min(limit, needed)
 
     @property
     def num_computed(self) -> int:

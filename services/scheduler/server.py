@@ -8,7 +8,9 @@ are tied to the frontend that sent them through its ``Attach`` lease (leases.py)
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+from typing import TypeVar
 
 import grpc
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -30,6 +32,22 @@ logger = logging.getLogger(__name__)
 BEAT_INTERVAL_S = 0.25
 # A lease the frontend has not renewed for this long has lapsed (it renews every 250 ms).
 LEASE_TIMEOUT_S = 2.0
+# A flush waits for the engine's next pause between steps; past this the engine is stuck.
+FLUSH_TIMEOUT_S = 30.0
+# A session command waits for the engine's next pause between steps, as a flush does.
+ENGINE_ANSWER_TIMEOUT_S = FLUSH_TIMEOUT_S
+
+T = TypeVar("T")
+
+
+async def _engine_answer(done: concurrent.futures.Future[T], what: str) -> T:
+    """Wait for the engine thread to apply a command, without blocking the loop. Shielded:
+    a cancelled RPC leaves the future to the engine, which still applies the command."""
+    try:
+        answer = asyncio.shield(asyncio.wrap_future(done))
+        return await asyncio.wait_for(answer, ENGINE_ANSWER_TIMEOUT_S)
+    except TimeoutError:
+        raise UnavailableError(f"the engine did not answer {what} in time") from None
 
 
 async def _until_renewals_stop(context: grpc.aio.ServicerContext) -> str:
@@ -44,8 +62,9 @@ async def _until_renewals_stop(context: grpc.aio.ServicerContext) -> str:
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, metrics_port: int = 0) -> None:
         self.model_name = model_name
+        self.metrics_port = metrics_port
         self.engine: EngineThread | None = None
         self.context_length = 0
         self.dtype = ""
@@ -65,11 +84,30 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         if self.draining:
             raise UnavailableError("scheduler is draining; send the request to another replica")
         owner = request.reply_to
-        if not self.leases.holds(owner):
-            raise UnavailableError(f"frontend {owner!r} holds no lease here; Attach first")
-        engine.add_request(req_from_pb(request))
-        self.leases.count_accepted(owner)
+        self._check_lease(owner)
+        done = engine.add_request(req_from_pb(request))
+        if done is not None:  # a request in a session: the engine's verdict is the answer
+            await _engine_answer(done, "the session request")
+        if self.leases.holds(owner):  # it may have ended while the engine answered
+            self.leases.count_accepted(owner)
         return scheduler_pb2.AddReqAck()
+
+    @grpc_errors
+    async def OpenSession(self, request, context):  # noqa: N802
+        """A session lives no longer than its owner's lease (closed with its requests)."""
+        engine = self._live_engine()
+        if self.draining:
+            raise UnavailableError("scheduler is draining; open the session on another replica")
+        self._check_lease(request.owner)
+        done = engine.open_session(request.session_id, request.capacity_of_str_len, request.owner)
+        await _engine_answer(done, "the session open")
+        return scheduler_pb2.SessionAck()
+
+    @grpc_errors
+    async def CloseSession(self, request, context):  # noqa: N802
+        done = self._live_engine().close_session(request.session_id)
+        await _engine_answer(done, "the session close")
+        return scheduler_pb2.SessionAck()
 
     @grpc_errors
     async def Abort(self, request, context):  # noqa: N802
@@ -79,6 +117,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     @grpc_errors
     async def GetInfo(self, request, context):  # noqa: N802
         return self._info(self._live_engine())
+
+    @grpc_errors
+    async def FlushCache(self, request, context):  # noqa: N802
+        """Answered by the engine thread between steps; never touches engine state here."""
+        done = self._live_engine().flush_cache()
+        try:
+            outcome = await asyncio.wait_for(asyncio.wrap_future(done), FLUSH_TIMEOUT_S)
+        except TimeoutError:
+            raise UnavailableError("the engine did not answer the flush in time") from None
+        return scheduler_pb2.FlushCacheResult(
+            flushed=outcome.flushed,
+            num_running=outcome.num_running,
+            num_waiting=outcome.num_waiting,
+            reason=outcome.reason,
+        )
 
     @grpc_errors
     async def Attach(self, request_iterator, context):  # noqa: N802
@@ -149,7 +202,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             context_length=self.context_length,
             dtype=self.dtype,
             num_frontends=len(self.leases),
+            num_sessions=stats.num_sessions,
+            num_evictable_kv_tokens=stats.num_evictable_kv_tokens,
+            metrics_port=self.metrics_port,
         )
+
+    def _check_lease(self, owner: str) -> None:
+        if not self.leases.holds(owner):
+            raise UnavailableError(f"frontend {owner!r} holds no lease here; Attach first")
 
     def _live_engine(self) -> EngineThread:
         """The engine, or UNAVAILABLE while the model loads or after the engine failed."""

@@ -12,6 +12,7 @@ from tokenline.v1 import common_pb2, openai_pb2
 from transformers import PreTrainedTokenizerBase
 
 from services.common.errors import InvalidArgumentError
+from services.common.sampling_params import SamplingDefaults
 from services.frontend.limits import ModelLimits, load_model_limits, model_stop_token_ids
 from services.frontend.params import (
     check_sampling,
@@ -32,7 +33,6 @@ INVALID_OPENAI = [
     ("top_p", "NaN"),
     ("top_p", 0.0),
     ("top_p", 1.5),
-    ("top_k", 0),
     ("top_k", -2),
     ("min_p", -0.1),
     ("min_p", 1.5),
@@ -87,7 +87,7 @@ def test_max_completion_tokens_wins_and_is_named_in_errors() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_new_tokens", 0), ("min_new_tokens", -1), ("temperature", -1.0), ("top_k", 0)],
+    [("max_new_tokens", -1), ("min_new_tokens", -1), ("temperature", -1.0), ("top_k", -2)],
 )
 def test_native_fields_are_named_as_the_native_api_spells_them(field: str, value: Any) -> None:
     requested = params_from_native(common_pb2.SamplingParams(**{field: value}))
@@ -167,3 +167,78 @@ def test_the_schedulers_context_length_is_the_source_and_the_flag_only_caps_it(
     capped = load_model_limits(default_model_dir, tokenizer, context_length=2048)
     assert capped.served_by(1024).context_length == 1024
     assert capped.served_by(8192).context_length == 2048
+
+
+@pytest.mark.parametrize("top_k", [0, -1])
+def test_top_k_zero_and_minus_one_both_mean_off(top_k: int) -> None:
+    """vLLM spells "no top-k" as 0 (and accepts -1); the sampler keeps every token for both."""
+    requested = params_from_openai(openai_sampling(top_k=top_k))
+    check_sampling(requested, LIMITS)
+    assert requested.params.top_k == top_k and not requested.params.is_greedy
+
+
+def test_the_models_defaults_fill_only_the_fields_a_request_leaves_unset() -> None:
+    defaults = SamplingDefaults(temperature=0.6, top_k=20, repetition_penalty=1.1)
+    requested = params_from_openai(openai_sampling(temperature=0.9), defaults=defaults)
+    params = requested.params
+    assert (params.temperature, params.top_k, params.repetition_penalty) == (
+        pytest.approx(0.9),
+        20,
+        pytest.approx(1.1),
+    )
+    assert params.top_p == 1.0  # not in the defaults: the built-in one
+    native = params_from_native(common_pb2.SamplingParams(top_k=5), defaults).params
+    assert (native.top_k, native.temperature) == (5, pytest.approx(0.6))
+
+
+def test_truncate_prompt_tokens_keeps_the_last_n_tokens() -> None:
+    prompt = list(range(200, 260))
+    requested = params_from_openai(openai_sampling(max_tokens=10))
+    requested.truncate_prompt_tokens = 25
+    fitted = fit_prompt(requested, prompt, LIMITS, "prompt")
+    assert fitted.input_ids == prompt[-25:] and fitted.num_truncated == 35
+    requested.truncate_prompt_tokens = -1  # as many as fit beside max_tokens
+    assert (
+        fit_prompt(requested, list(range(200)), LIMITS, "prompt").input_ids
+        == list(range(200))[-90:]
+    )
+    requested.truncate_prompt_tokens = 80  # more than the prompt has: kept whole
+    assert fit_prompt(requested, prompt, LIMITS, "prompt").num_truncated == 0
+    requested.truncate_prompt_tokens = 91  # more than the context leaves beside max_tokens
+    with pytest.raises(InvalidArgumentError) as err:
+        fit_prompt(requested, prompt, LIMITS, "prompt")
+    assert err.value.field == "truncate_prompt_tokens" and "90" in err.value.message
+
+
+@pytest.mark.parametrize("bad", [0, -2])
+def test_truncate_prompt_tokens_must_be_minus_one_or_positive(bad: int) -> None:
+    requested = params_from_openai(openai_sampling())
+    requested.truncate_prompt_tokens = bad
+    with pytest.raises(InvalidArgumentError) as err:
+        check_sampling(requested, LIMITS)
+    assert err.value.field == "truncate_prompt_tokens"
+
+
+def test_priority_is_vllms_lower_first_and_must_negate_within_int32() -> None:
+    requested = params_from_openai(openai_sampling())
+    requested.priority = -5  # vLLM: earlier than the default 0
+    check_sampling(requested, LIMITS)
+    assert requested.scheduler_priority == 5  # the scheduler runs higher first
+    requested.priority = -(2**31)
+    with pytest.raises(InvalidArgumentError) as err:
+        check_sampling(requested, LIMITS)
+    assert err.value.field == "priority"
+
+
+def test_zero_tokens_only_where_the_api_scores_prompts() -> None:
+    # OpenAI and vLLM refuse max_tokens 0 except for an echoed completion; SGLang takes
+    # max_new_tokens 0 natively. Both then score the prompt and generate nothing.
+    openai_zero = params_from_openai(openai_sampling(max_tokens=0))
+    with pytest.raises(InvalidArgumentError) as err:
+        check_sampling(openai_zero, LIMITS)
+    assert err.value.field == "max_tokens" and ">= 1" in err.value.message
+    openai_zero.min_limit = 0  # what completions set for echo
+    check_sampling(openai_zero, LIMITS)
+    assert fit_prompt(openai_zero, [5, 6], LIMITS, "prompt").params.max_new_tokens == 0
+    native = params_from_native(common_pb2.SamplingParams(max_new_tokens=0))
+    check_sampling(native, LIMITS)

@@ -77,7 +77,7 @@ def test_known_unsupported_fields_are_refused_with_the_reason(path: str) -> None
             GenerateBody.model_validate({"text": "p", "sampling_params": {"stop_regex": "x"}}),
             "sampling_params.stop_regex",
         ),
-        (TokenizeBody.model_validate({"prompt": "p", "return_token_strs": True}), None),
+        (TokenizeBody.model_validate({"prompt": "p", "mm_processor_kwargs": {}}), None),
     ],
 )
 def test_unknown_fields_anywhere_are_refused_by_path(body: Any, param: str | None) -> None:
@@ -85,7 +85,7 @@ def test_unknown_fields_anywhere_are_refused_by_path(body: Any, param: str | Non
         param
         or {
             ChatCompletionBody: "response_format.json_schema.x",
-            TokenizeBody: "return_token_strs",
+            TokenizeBody: "mm_processor_kwargs",
         }[type(body)]
     )
     assert refused_param(body) == expected

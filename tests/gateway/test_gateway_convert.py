@@ -6,7 +6,7 @@ import json
 
 import pytest
 from google.protobuf import json_format
-from tokenline.v1 import openai_pb2
+from tokenline.v1 import common_pb2, openai_pb2
 
 from gateway.config import GatewayConfig, config_from_args
 from gateway.convert import (
@@ -257,3 +257,51 @@ def test_native_json_schema_as_an_object_becomes_text() -> None:
     )
     params = generate_request_to_proto(body, "rid").sampling_params
     assert params.json_schema == '{"type": "object"}' and params.regex == "r"
+
+
+def test_prompt_logprob_fields_reach_the_protos() -> None:
+    assert _chat(prompt_logprobs=3).prompt_logprobs == 3
+    body = CompletionBody.model_validate({"prompt": "p", "prompt_logprobs": 0, "echo": True})
+    out = completion_request_to_proto(body, "r")
+    assert out.HasField("prompt_logprobs") and out.prompt_logprobs == 0 and out.echo
+    native = GenerateBody.model_validate(
+        {"text": "p", "return_logprob": True, "logprob_start_len": 2, "top_logprobs_num": 1}
+    )
+    opts = generate_request_to_proto(native, "rid").logprob
+    assert opts.return_logprob and opts.logprob_start_len == 2 and opts.top_logprobs_num == 1
+    assert not generate_request_to_proto(GenerateBody(text="p"), "r").logprob.HasField(
+        "logprob_start_len"
+    )
+
+
+def test_prompt_logprobs_render_as_vllm_and_echo_starts_with_null() -> None:
+    first = common_pb2.TokenLogprob(token_id=0, no_logprob=True)
+    top = [common_pb2.TopLogprob(token_id=7, logprob=-0.25, text="b"),
+           common_pb2.TopLogprob(token_id=5, logprob=-1.5, text="a")]  # fmt: skip
+    second = common_pb2.TokenLogprob(token_id=5, logprob=-1.5, rank=2, text="a", top=top)
+    choice = openai_pb2.CompletionChoice(text="ab", prompt_logprobs=[first, second])
+    choice.logprobs.tokens.extend(["<s>", "a"])
+    choice.logprobs.token_logprobs.extend([0.0, -1.5])
+    choice.logprobs.top_logprobs.add()
+    choice.logprobs.top_logprobs.add().fields["b"].number_value = -0.25
+    choice.logprobs.is_first_null = True
+    body = completion_to_dict(
+        openai_pb2.Completion(choices=[choice]), include_usage=False, logprobs=True
+    )["choices"][0]
+    assert body["prompt_logprobs"] == [
+        None,
+        {
+            "5": {"logprob": -1.5, "rank": 2, "decoded_token": "a"},  # its own rank, not 2nd
+            "7": {"logprob": -0.25, "rank": 1, "decoded_token": "b"},
+        },
+    ]
+    assert body["logprobs"]["token_logprobs"] == [None, -1.5]
+    assert body["logprobs"]["top_logprobs"] == [None, {"b": -0.25}]
+    plain = completion_to_dict(
+        openai_pb2.Completion(choices=[openai_pb2.CompletionChoice(text="x")]),
+        include_usage=False,
+        logprobs=False,
+    )
+    assert "prompt_logprobs" not in plain["choices"][0]
+    chat = openai_pb2.ChatCompletion(prompt_logprobs=[first, second])
+    assert chat_completion_to_dict(chat, logprobs=False)["prompt_logprobs"][0] is None

@@ -214,9 +214,9 @@ def test_generate_native(gateway_url: str, fake: FakeFrontendServicer) -> None:
     assert req.sampling_params.max_new_tokens == 4 and list(req.sampling_params.stop) == ["x"]
     assert req.sampling_params.HasField("temperature")
     assert req.logprob.return_logprob and req.logprob.top_logprobs_num == 2
-    output = resp.json()["outputs"][0]
+    output = resp.json()  # SGLang's shape: one object for one prompt
     assert output["text"] == "".join(PIECES) and output["output_ids"] == [7, 8]
-    assert output["finish_reason"]["kind"] == "KIND_LENGTH"
+    assert output["meta_info"]["finish_reason"] == {"type": "length", "matched": None, "length": 2}
     assert output["meta_info"]["completion_tokens"] == 2
 
 

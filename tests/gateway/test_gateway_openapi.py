@@ -71,7 +71,7 @@ def test_bodies_document_400_with_the_error_schema(spec: dict[str, Any]) -> None
     [
         ("/v1/chat/completions", "ChatCompletionChunk"),
         ("/v1/completions", "Completion"),
-        ("/generate", "GenerateResponse"),
+        ("/generate", "GenerateOutput"),
     ],
 )
 def test_streaming_routes_document_their_sse_frame(

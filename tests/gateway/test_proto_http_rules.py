@@ -25,9 +25,14 @@ EXPECTED_RULES: dict[str, tuple[str, str, str]] = {
     "Tokenize": ("post", "/tokenline.v1/tokenize", "*"),
     "Detokenize": ("post", "/tokenline.v1/detokenize", "*"),
     "ListModels": ("get", "/tokenline.v1/models", ""),
+    "OpenSession": ("post", "/tokenline.v1/open_session", "*"),
+    "CloseSession": ("post", "/tokenline.v1/close_session", "*"),
+    "GetModelInfo": ("get", "/tokenline.v1/model_info", ""),
+    "Abort": ("post", "/tokenline.v1/abort_request", "*"),
+    "FlushCache": ("post", "/tokenline.v1/flush_cache", "*"),
 }
 # gRPC only: an operator's view with uint64 counters (see the comment in frontend.proto).
-UNANNOTATED = {"GetInfo"}
+UNANNOTATED = {"GetInfo", "GetServerInfo"}
 _INT64_TYPES = {
     FieldDescriptor.TYPE_INT64,
     FieldDescriptor.TYPE_UINT64,

@@ -93,7 +93,7 @@ def test_completion_text_matches_decoding_of_generated_ids(
     }
     out = httpx.post(
         f"http://{stack.host}:{stack.ports.gateway}/generate", json=body, timeout=60
-    ).json()["outputs"][0]
+    ).json()[0]  # a list of prompts answers a list (SGLang)
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
     ids = [int(i) for i in out["output_ids"]]
     assert 1 <= len(ids) <= 16

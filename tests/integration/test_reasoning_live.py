@@ -1,0 +1,118 @@
+"""Reasoning through the real stack and the openai SDK (frontend ``--reasoning-parser
+deepseek_r1``), with the scheduler batching streamed rows (``--stream-interval 3``).
+
+The random default model never writes ``</think>`` by itself, so a ``logit_bias`` on its
+id (128822, an ordinary token of the DeepSeek vocabulary) makes it appear at a seed-
+dependent place. Where it landed is read from the response's own logprobs (tokens and
+their bytes), and the split is checked against that: reasoning is the text before the
+first ``</think>``, content the text after it, ``reasoning_tokens`` counts up to and
+including it; the streamed deltas, cut every three tokens, add up to the same split.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+
+from tests.live_stack import module_stack
+
+THINK_END_ID = "128822"
+SEEDS = range(4)
+BUDGET = 24
+MESSAGES = [{"role": "user", "content": "Think it over, then answer."}]
+
+
+stack = module_stack(
+    "reasoning-logs",
+    scheduler_args=["--kv-cache-tokens", "8192", "--num-threads", "1", "--stream-interval", "3"],
+    frontend_args=["--reasoning-parser", "deepseek_r1"],
+)
+
+
+def ask(client: openai.OpenAI, model_id: str, seed: int, **kwargs: Any) -> Any:
+    return client.chat.completions.create(
+        model=model_id,
+        messages=MESSAGES,
+        max_tokens=BUDGET,
+        seed=seed,
+        logit_bias={THINK_END_ID: 25},
+        **kwargs,
+    )
+
+
+def text_of(entries: list[Any]) -> str:
+    return b"".join(bytes(e.bytes) for e in entries).decode("utf-8", errors="replace")
+
+
+def extra(message: Any, name: str) -> Any:
+    return (message.model_extra or {}).get(name)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_split_is_where_the_model_wrote_think_end(
+    client: openai.OpenAI, model_id: str, seed: int
+) -> None:
+    response = ask(client, model_id, seed, logprobs=True)
+    choice = response.choices[0]
+    entries = choice.logprobs.content
+    assert len(entries) == response.usage.completion_tokens
+    tokens = [e.token for e in entries]
+    reasoning = extra(choice.message, "reasoning_content")
+    assert extra(choice.message, "reasoning") == reasoning  # vLLM's newer name
+    num_reasoning = response.usage.completion_tokens_details.reasoning_tokens
+    if "</think>" not in tokens:  # the block never closed: all of it is reasoning
+        assert reasoning == text_of(entries)
+        assert not choice.message.content
+        assert num_reasoning == len(entries)
+        return
+    end = tokens.index("</think>")
+    assert (reasoning or "") == text_of(entries[:end])
+    assert (choice.message.content or "") == text_of(entries[end + 1 :])
+    assert num_reasoning == end + 1
+
+
+def test_some_seed_splits_mid_output(client: openai.OpenAI, model_id: str) -> None:
+    """The bias puts the end of the block inside the output, not only at its edges."""
+    places = []
+    for seed in SEEDS:
+        tokens = [
+            e.token for e in ask(client, model_id, seed, logprobs=True).choices[0].logprobs.content
+        ]
+        places.append(tokens.index("</think>") if "</think>" in tokens else None)
+    assert any(p is not None and 0 < p < BUDGET - 1 for p in places), places
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_streamed_deltas_add_up_to_the_unary_split(
+    client: openai.OpenAI, model_id: str, seed: int
+) -> None:
+    whole = ask(client, model_id, seed)
+    chunks = list(ask(client, model_id, seed, stream=True, stream_options={"include_usage": True}))
+    reasoning = "".join(
+        extra(c.choices[0].delta, "reasoning_content") or "" for c in chunks if c.choices
+    )
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    message = whole.choices[0].message
+    assert reasoning == (extra(message, "reasoning_content") or "")
+    assert content == (message.content or "")
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert usage.completion_tokens == whole.usage.completion_tokens
+    details = whole.usage.completion_tokens_details
+    assert usage.completion_tokens_details.reasoning_tokens == details.reasoning_tokens
+
+
+def test_thinking_turned_off_makes_everything_content(client: openai.OpenAI, model_id: str) -> None:
+    response = ask(
+        client,
+        model_id,
+        1,
+        logprobs=True,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    choice = response.choices[0]
+    assert extra(choice.message, "reasoning_content") is None
+    assert choice.message.content == text_of(choice.logprobs.content)
+    assert response.usage.completion_tokens_details.reasoning_tokens == 0
