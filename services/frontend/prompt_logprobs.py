@@ -13,7 +13,7 @@ The scheduler returns one ``TokenLogprob`` per prompt position from the requeste
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from tokenline.v1 import common_pb2
 
@@ -57,8 +57,16 @@ def with_texts(
     for entry in entries:
         copy = common_pb2.TokenLogprob()
         copy.CopyFrom(entry)
-        copy.text = token_text(entry.token_id)
-        for top in copy.top:
-            top.text = token_text(top.token_id)
         out.append(copy)
+    add_token_texts(out, token_text)
     return out
+
+
+def add_token_texts(
+    entries: Iterable[common_pb2.TokenLogprob], token_text: Callable[[int], str]
+) -> None:
+    """Give each entry and its alternatives their token's text, in place."""
+    for entry in entries:
+        entry.text = token_text(entry.token_id)
+        for top in entry.top:
+            top.text = token_text(top.token_id)

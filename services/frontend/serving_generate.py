@@ -21,7 +21,7 @@ from tokenline.v1 import common_pb2, generate_pb2, session_pb2
 from services.common.errors import InvalidArgumentError
 from services.frontend.output import ChoiceAccumulator
 from services.frontend.params import check_sampling, params_from_native
-from services.frontend.prompt_logprobs import MAX_PROMPT_LOGPROBS
+from services.frontend.prompt_logprobs import MAX_PROMPT_LOGPROBS, add_token_texts
 from services.frontend.serving_base import LogprobRequest, ServingBase, new_times
 from services.frontend.tokenizer_manager import TokenizedRequest
 
@@ -86,11 +86,7 @@ class GenerateServing(ServingBase):
 
     def _add_token_texts(self, logprobs: Iterable[common_pb2.TokenLogprob]) -> None:
         """SGLang's return_text_in_logprobs: each entry and its top entries get their text."""
-        text = self.logprobs.token_text
-        for entry in logprobs:
-            entry.text = text(entry.token_id)
-            for top in entry.top:
-                top.text = text(top.token_id)
+        add_token_texts(logprobs, self.logprobs.token_text)
 
     async def stream(
         self, request: generate_pb2.GenerateReqInput

@@ -32,10 +32,9 @@ logger = logging.getLogger(__name__)
 BEAT_INTERVAL_S = 0.25
 # A lease the frontend has not renewed for this long has lapsed (it renews every 250 ms).
 LEASE_TIMEOUT_S = 2.0
-# A flush waits for the engine's next pause between steps; past this the engine is stuck.
-FLUSH_TIMEOUT_S = 30.0
-# A session command waits for the engine's next pause between steps, as a flush does.
-ENGINE_ANSWER_TIMEOUT_S = FLUSH_TIMEOUT_S
+# A command answered by the engine (flush, session open/close, a session's request) waits
+# for its next pause between steps; past this the engine is stuck.
+ENGINE_ANSWER_TIMEOUT_S = 30.0
 
 T = TypeVar("T")
 
@@ -121,11 +120,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     @grpc_errors
     async def FlushCache(self, request, context):  # noqa: N802
         """Answered by the engine thread between steps; never touches engine state here."""
-        done = self._live_engine().flush_cache()
-        try:
-            outcome = await asyncio.wait_for(asyncio.wrap_future(done), FLUSH_TIMEOUT_S)
-        except TimeoutError:
-            raise UnavailableError("the engine did not answer the flush in time") from None
+        outcome = await _engine_answer(self._live_engine().flush_cache(), "the flush")
         return scheduler_pb2.FlushCacheResult(
             flushed=outcome.flushed,
             num_running=outcome.num_running,
