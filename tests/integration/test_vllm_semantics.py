@@ -44,16 +44,6 @@ stack = module_stack(
 
 
 @pytest.fixture(scope="module")
-def client(stack: LocalStack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def model_id(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
-
-
-@pytest.fixture(scope="module")
 def tokenizer(default_model_dir: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(default_model_dir)
 
