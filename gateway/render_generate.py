@@ -5,9 +5,6 @@ new. SGLang's HTTP server, by default (no `--incremental-streaming-output`), sen
 text, ids and logprobs *so far* in every frame, so a stream's renderer keeps each
 output's totals; it is made per request and dies with it, so the gateway stays
 stateless between requests.
-
-Prompt logprobs (`GenerateOutput.input_token_logprobs`) are read only where the proto
-has the field, so this module works with stubs built before and after it was added.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ from gateway.schemas import GenerateBody
 
 # What vLLM and tokenline's OpenAI routes send for -inf: JSON has no infinity.
 _MIN_LOGPROB = -9999.0
-_INPUT_LOGPROBS = "input_token_logprobs"
 _KIND_NAMES: dict[int, Any] = {
     common_pb2.FinishReason.KIND_STOP: "stop",
     common_pb2.FinishReason.KIND_LENGTH: "length",
@@ -71,11 +67,9 @@ def _tops(entries: list[common_pb2.TokenLogprob]) -> list[list[out.LogprobTriple
     return [[_triple(t) for t in e.top] for e in entries]
 
 
-def input_logprobs(output: generate_pb2.GenerateOutput) -> list[common_pb2.TokenLogprob] | None:
-    """The prompt's logprobs when this proto has the field (None when it has not)."""
-    if _INPUT_LOGPROBS not in output.DESCRIPTOR.fields_by_name:
-        return None
-    return list(getattr(output, _INPUT_LOGPROBS))
+def input_logprobs(output: generate_pb2.GenerateOutput) -> list[common_pb2.TokenLogprob]:
+    """The prompt's logprobs this output carries (SGLang's input_token_logprobs)."""
+    return list(output.input_token_logprobs)
 
 
 def finish_reason(finish: common_pb2.FinishReason, num_tokens: int) -> out.GenerateFinishReason:
@@ -95,15 +89,13 @@ class _SoFar:
     text: list[str] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
-    input_logprobs: list[common_pb2.TokenLogprob] | None = None
+    input_logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
 
     def add(self, output: generate_pb2.GenerateOutput) -> None:
         self.text.append(output.text)
         self.output_ids.extend(output.output_ids)
         self.logprobs.extend(output.logprobs)
-        entries = input_logprobs(output)
-        if entries is not None:
-            self.input_logprobs = (self.input_logprobs or []) + entries
+        self.input_logprobs.extend(input_logprobs(output))
 
 
 class GenerateRenderer:
@@ -163,8 +155,7 @@ class GenerateRenderer:
         fields: dict[str, Any] = {"output_token_logprobs": [_triple(e) for e in totals.logprobs]}
         if self.view.top_logprobs_num:
             fields["output_top_logprobs"] = _tops(totals.logprobs)
-        if totals.input_logprobs is not None:
-            fields["input_token_logprobs"] = [_triple(e) for e in totals.input_logprobs]
-            if self.view.top_logprobs_num:
-                fields["input_top_logprobs"] = _tops(totals.input_logprobs)
+        fields["input_token_logprobs"] = [_triple(e) for e in totals.input_logprobs]
+        if self.view.top_logprobs_num:
+            fields["input_top_logprobs"] = _tops(totals.input_logprobs)
         return fields

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 from tokenline.v1 import common_pb2, generate_pb2, session_pb2
@@ -80,13 +80,14 @@ class GenerateServing(ServingBase):
         ]
         if request.return_text_in_logprobs:
             for out in outputs:
-                self._add_token_texts(out.logprobs)
-                self._add_token_texts(out.input_token_logprobs)
+                self._add_token_texts(out)
         return generate_pb2.GenerateResponse(outputs=outputs)
 
-    def _add_token_texts(self, logprobs: Iterable[common_pb2.TokenLogprob]) -> None:
-        """SGLang's return_text_in_logprobs: each entry and its top entries get their text."""
-        add_token_texts(logprobs, self.logprobs.token_text)
+    def _add_token_texts(self, out: generate_pb2.GenerateOutput) -> None:
+        """SGLang's return_text_in_logprobs: each entry (output and prompt) and its top
+        entries get their text."""
+        add_token_texts(out.logprobs, self.logprobs.token_text)
+        add_token_texts(out.input_token_logprobs, self.logprobs.token_text)
 
     async def stream(
         self, request: generate_pb2.GenerateReqInput
@@ -107,8 +108,7 @@ class GenerateServing(ServingBase):
                 out.meta_info.prompt_tokens = len(reqs[index].input_ids)
                 out.meta_info.completion_tokens = num_out[index]
                 if request.return_text_in_logprobs:
-                    self._add_token_texts(out.logprobs)
-                    self._add_token_texts(out.input_token_logprobs)
+                    self._add_token_texts(out)
                 if row.HasField("finish_reason"):
                     _finish(out, row.finish_reason, row.usage, row.times)
                 yield generate_pb2.GenerateResponse(outputs=[out])

@@ -270,14 +270,21 @@ class TokenizerManager:
             self._cleanups.add(task)
             task.add_done_callback(self._cleanups.discard)
 
-    async def _abort_unfinished(self, states: list[ReqState]) -> None:
+    async def _settle_dispatches(self, states: list[ReqState]) -> None:
+        """Wait for the AddRequest calls still in flight (so an abort cannot overtake
+        one), and mark the states whose call was refused: the scheduler never held them,
+        and their rid is not ours to abort."""
+        calls = [s.dispatch_call for s in states if s.dispatch_call and not s.dispatch_call.done()]
+        if calls:
+            await asyncio.wait(calls, timeout=_ABORT_TIMEOUT_S)
         for state in states:
             call = state.dispatch_call
-            if call is not None and not call.done():
-                await asyncio.wait([call], timeout=_ABORT_TIMEOUT_S)
             refused = call is not None and call.done() and (call.cancelled() or call.exception())
             if refused and state.may_be_held:
-                state.stage = ReqStage.REFUSED  # not ours to abort
+                state.stage = ReqStage.REFUSED
+
+    async def _abort_unfinished(self, states: list[ReqState]) -> None:
+        await self._settle_dispatches(states)
         for state in states:
             if state.may_be_held:
                 state.stage = ReqStage.ABORTED  # at most one AbortReq
@@ -300,10 +307,8 @@ class TokenizerManager:
         Waits for an AddRequest still in flight, so the abort cannot overtake it.
         Returns how many AbortReq were sent."""
         held = [s for s in states if s.may_be_held]
-        calls = [s.dispatch_call for s in held if s.dispatch_call and not s.dispatch_call.done()]
-        if calls:
-            await asyncio.wait(calls, timeout=_ABORT_TIMEOUT_S)
-            held = [s for s in held if s.may_be_held]  # a refused one was never held
+        await self._settle_dispatches(held)
+        held = [s for s in held if s.may_be_held]  # a refused one was never held
         await asyncio.gather(*(self._send_abort(s, reason) for s in held))
         return len(held)
 
