@@ -46,6 +46,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "tokenline-tiny"
 RESULTS = REPO_ROOT / "bench" / "results"
 SERVICES = ("gateway", "frontend", "scheduler", "detokenizer")
+# RSS is tracked for each service and for the scheduler's engine process (its child).
+RSS_TRACKED = (*SERVICES, "engine")
 MAX_RSS_GROWTH = 0.05
 DRAIN_LIMIT_S = 10.0
 GRACE_S = 60.0  # how long requests in flight at the window's end may take to finish
@@ -67,8 +69,17 @@ def read_rss_mib(pid: int) -> float:
     return 0.0
 
 
+def child_pids(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def rss_of(stack: LocalStack) -> dict[str, float]:
-    return {name: read_rss_mib(stack.procs[name].pid) for name in SERVICES}
+    rss = {name: read_rss_mib(stack.procs[name].pid) for name in SERVICES}
+    engine = child_pids(stack.procs["scheduler"].pid)  # none with --engine thread
+    return {**rss, "engine": sum(read_rss_mib(pid) for pid in engine)}
 
 
 def wait_for_idle(stack: LocalStack, limit_s: float) -> tuple[dict[str, int], float]:
@@ -140,7 +151,7 @@ def percentile_ms(values: list[float], q: float) -> float | None:
 def median_rss(timeline: list[dict[str, float]], start_s: float, end_s: float) -> dict[str, float]:
     """Each service's median RSS over the samples taken in [start_s, end_s)."""
     rows = [r for r in timeline if start_s <= r["t_s"] < end_s] or timeline[-1:]
-    return {name: statistics.median(r[name] for r in rows) for name in SERVICES}
+    return {name: statistics.median(r[name] for r in rows) for name in RSS_TRACKED}
 
 
 def rss_growth(load: LoadResult, warmup_s: float, drained: dict[str, float]) -> dict[str, Any]:
@@ -154,9 +165,10 @@ def rss_growth(load: LoadResult, warmup_s: float, drained: dict[str, float]) -> 
             "warm_mib": warm[name],
             "end_mib": end[name],
             "drained_mib": drained[name],
-            "growth": end[name] / warm[name] - 1 if warm[name] else 1.0,
+            # No engine child (--engine thread) is no growth; anything from nothing is.
+            "growth": end[name] / warm[name] - 1 if warm[name] else float(end[name] > 0),
         }
-        for name in SERVICES
+        for name in RSS_TRACKED
     }
 
 

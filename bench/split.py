@@ -28,9 +28,9 @@ from bench.machine import describe, machine_info
 from bench.serve.report import write_json
 from services.common.sampling_params import SamplingParams
 from services.launch import LocalStack, StackPorts
-from services.scheduler.__main__ import build_engine
 from services.scheduler.__main__ import parse_args as scheduler_args
 from services.scheduler.engine import Scheduler
+from services.scheduler.engine_build import build_engine
 from services.scheduler.req import Req
 
 RESULTS = Path("bench/results")

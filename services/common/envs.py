@@ -32,6 +32,7 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar("TOKENLINE_DETOKENIZER_ADDR", "detokenizer gRPC address host:port"),
         EnvVar("TOKENLINE_DTYPE", "model dtype: auto, bfloat16, float16, float32"),
         EnvVar("TOKENLINE_DEVICE", "torch device: cpu or cuda"),
+        EnvVar("TOKENLINE_ENGINE", "scheduler engine: process (its own) or thread"),
         EnvVar("TOKENLINE_API_KEY", "gateway bearer token; unset disables auth"),
         EnvVar("TOKENLINE_LOG_LEVEL", "logging level"),
         EnvVar("TOKENLINE_LOG_JSON", "1 for JSON log lines"),

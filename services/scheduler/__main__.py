@@ -5,55 +5,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
-import torch
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from services.common.envs import env_default
 from services.common.grpc_server import GrpcProcess, wait_until
 from services.common.service_flags import parse_service_args, run_service, service_parser
-from services.common.tls import TlsSettings
-from services.common.tokenizer import load_tokenizer
 from services.scheduler.detokenizer_pusher import DetokenizerPusher
-from services.scheduler.engine import Scheduler, SchedulerConfig
+from services.scheduler.engine_build import SchedulerProcessConfig, build_engine
+from services.scheduler.engine_client import EngineClient, RowSink
+from services.scheduler.engine_process import EngineLaunch
 from services.scheduler.engine_thread import EngineThread
-from services.scheduler.kv_pool import KVPool
 from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.model.config import ModelConfig
-from services.scheduler.model.dtype import AUTO, DTYPES, choose_dtype
-from services.scheduler.model.loader import load_model
+from services.scheduler.model.dtype import AUTO, DTYPES
 from services.scheduler.server import SchedulerServicer
-from services.scheduler.stop_checker import StopChecker
+from services.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerProcessConfig:
-    model: str
-    host: str
-    port: int
-    metrics_port: int
-    detokenizer_addr: str
-    dtype: str
-    device: str
-    attention_backend: str
-    kv_cache_tokens: int
-    kv_cache_memory_mb: int
-    max_running_requests: int
-    max_waiting_requests: int
-    max_num_batched_tokens: int
-    context_length: int
-    disable_prefix_cache: bool
-    num_threads: int
-    stream_interval: int
-    drain_timeout: float
-    log_level: str
-    log_json: bool
-    tls: TlsSettings
 
 
 def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
@@ -69,6 +40,12 @@ def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
         "(bf16 on CPU needs AVX512_BF16 or AMX), else float32 on CPU, float16 on CUDA",
     )
     p.add_argument("--device", default=env_default("TOKENLINE_DEVICE", "cpu"))
+    p.add_argument(
+        "--engine",
+        choices=["process", "thread"],
+        default=env_default("TOKENLINE_ENGINE", "process"),
+        help="run the engine in its own process (default), or on a thread of this one",
+    )
     p.add_argument("--attention-backend", choices=["torch", "flash_attn"], default="torch")
     p.add_argument(
         "--kv-cache-tokens",
@@ -125,64 +102,9 @@ def _at_least_one(text: str) -> int:
     return value
 
 
-def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, int, str]:
-    """Load the model and size the KV pool; returns the scheduler, context length and
-    the name of the dtype the model runs in."""
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
-    device = torch.device(config.device)
-    choice = choose_dtype(config.dtype, ModelConfig.from_dir(config.model).dtype, device)
-    model, model_config = load_model(config.model, choice.dtype, device, config.attention_backend)
-    logger.info("model %s in %s on %s (%s)", config.model, choice.name, device, choice.reason)
-    kv_pool = create_kv_pool(config, model_config, choice.dtype, device)
-    context = config.context_length or model_config.max_context_len
-    if kv_pool.num_tokens < context:
-        # One request's KV must fit the pool, so the pool bounds the context; GetInfo
-        # reports this figure and the frontends validate against it.
-        logger.info("context length %d capped to the KV pool's %d", context, kv_pool.num_tokens)
-        context = kv_pool.num_tokens
-    stop_checker = StopChecker(
-        load_tokenizer(config.model), set(model_config.eos_token_ids), context
-    )
-    scheduler = Scheduler(
-        model,
-        kv_pool,
-        stop_checker,
-        SchedulerConfig(
-            max_running_requests=config.max_running_requests,
-            max_waiting_requests=config.max_waiting_requests,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            context_length=context,
-            enable_prefix_cache=not config.disable_prefix_cache,
-            stream_interval=config.stream_interval,
-        ),
-        device,
-    )
-    return scheduler, context, choice.name
-
-
-def create_kv_pool(
-    config: SchedulerProcessConfig,
-    model_config: ModelConfig,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> KVPool:
-    """The KV pool, sized by --kv-cache-tokens or else --kv-cache-memory-mb."""
-    shape = (model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, dtype)
-    per_token = KVPool.bytes_per_token(*shape)
-    num_tokens = config.kv_cache_tokens or KVPool.tokens_for_budget(
-        config.kv_cache_memory_mb * 2**20, *shape
-    )
-    if num_tokens < 1:
-        raise SystemExit(
-            f"KV pool of {num_tokens} tokens: raise --kv-cache-tokens or --kv-cache-memory-mb "
-            f"(one token takes {per_token} bytes)"
-        )
-    logger.info("KV pool %d tokens (%.1f MiB)", num_tokens, num_tokens * per_token / 2**20)
-    return KVPool(num_tokens, *shape, device)
-
-
 async def serve(config: SchedulerProcessConfig) -> None:
+    # Forked first, before gRPC or anything else starts a thread (engine_process.py).
+    launch = EngineLaunch(config) if config.engine == "process" else None
     process = GrpcProcess(
         host=config.host,
         port=config.port,
@@ -195,7 +117,6 @@ async def serve(config: SchedulerProcessConfig) -> None:
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, process.server)
     # Liveness answers while the model loads; readiness waits for it.
     await process.start()
-    scheduler, context, dtype = await asyncio.to_thread(build_engine, config)
     metrics = SchedulerMetrics(model_name)
     pusher = DetokenizerPusher(
         config.detokenizer_addr,
@@ -203,7 +124,15 @@ async def serve(config: SchedulerProcessConfig) -> None:
         tls=config.tls,
     )
     pusher.start()
-    engine = EngineThread(scheduler, sink=pusher.publish, on_stats=metrics.record)
+    loop = asyncio.get_running_loop()
+
+    def on_fatal() -> None:
+        # An engine that died takes the scheduler down, so its supervisor restarts both.
+        loop.call_soon_threadsafe(process.request_stop)
+
+    engine, context, dtype = await start_engine(
+        config, launch, sink=pusher.publish, on_stats=metrics.record, on_fatal=on_fatal
+    )
     metrics.track(lambda: engine.stats)
     engine.start()
     servicer.attach(engine, context, dtype)
@@ -212,11 +141,33 @@ async def serve(config: SchedulerProcessConfig) -> None:
     async def drain() -> None:
         # Refuse new work, finish what is queued and running, deliver its rows.
         servicer.draining = True
-        await wait_until(lambda: engine.is_idle and pusher.is_flushed, config.drain_timeout)
+        await wait_until(
+            lambda: engine.fatal_error is not None or (engine.is_idle and pusher.is_flushed),
+            config.drain_timeout,
+        )
 
     await process.serve_until_signal(config.drain_timeout, on_drain=drain)
     await pusher.close()
     engine.stop()
+    if engine.fatal_error is not None:
+        raise SystemExit(f"engine failed: {engine.fatal_error}")
+
+
+async def start_engine(
+    config: SchedulerProcessConfig,
+    launch: EngineLaunch | None,
+    sink: RowSink,
+    on_stats: Callable[[SchedulerStats], None],
+    on_fatal: Callable[[], None],
+) -> tuple[EngineClient, int, str]:
+    """The engine in its own process (``launch``, from ``--engine process``, the default)
+    or on a thread of this one; returns it with the context length and the dtype the
+    model runs in."""
+    if launch is not None:
+        engine = await launch.ready(sink, on_stats, on_fatal)
+        return engine, engine.limits.context_length, engine.dtype
+    scheduler, context, dtype = await asyncio.to_thread(build_engine, config)
+    return EngineThread(scheduler, sink, on_stats=on_stats, on_fatal=on_fatal), context, dtype
 
 
 def main() -> None:

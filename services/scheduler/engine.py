@@ -26,11 +26,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from services.common.errors import (
-    AlreadyExistsError,
-    InvalidArgumentError,
-    ResourceExhaustedError,
-)
+from services.common.errors import AlreadyExistsError, ResourceExhaustedError
+from services.scheduler.engine_messages import EngineLimits
 from services.scheduler.grammar import GrammarCompiler, create_request_grammar
 from services.scheduler.kv_cache import KVCacheManager
 from services.scheduler.kv_pool import KVPool
@@ -193,23 +190,19 @@ class Scheduler:
         self.reqs[req.rid] = req
         self.waiting.push(req)
 
+    @property
+    def limits(self) -> EngineLimits:
+        """What the RPC side validates against; none of it changes after construction."""
+        return EngineLimits(
+            vocab_size=self.runner.vocab_size,
+            context_length=self.config.context_length,
+            num_kv_tokens=self.kv_pool.num_tokens,
+            max_waiting_requests=self.config.max_waiting_requests,
+        )
+
     def validate(self, req: Req) -> None:
-        """INVALID_ARGUMENT unless ``req`` could run here. The frontend validates too; this
-        guards the engine from any other gRPC client. Reads only what never changes after
-        construction (model shape, config, pool size), so any thread may call it."""
-        vocab_size = self.runner.vocab_size
-        if not req.input_ids:
-            raise InvalidArgumentError("prompt has no tokens", field="prompt")
-        if min(req.input_ids) < 0 or max(req.input_ids) >= vocab_size:
-            raise InvalidArgumentError(f"token ids must be in [0, {vocab_size})", field="prompt")
-        if len(req.input_ids) + 1 > min(self.config.context_length, self.kv_pool.num_tokens):
-            raise InvalidArgumentError(
-                f"prompt of {len(req.input_ids)} tokens does not fit the context",
-                field="prompt",
-            )
-        req.params.validate(vocab_size)
-        if req.prompt_logprobs is not None:
-            req.prompt_logprobs.validate(len(req.input_ids))
+        """INVALID_ARGUMENT unless ``req`` could run here (``EngineLimits.validate``)."""
+        self.limits.validate(req)
 
     def abort(self, rid: str, reason: str = "aborted") -> bool:
         """Release the request's KV and slot now; a final ``abort`` row follows with the

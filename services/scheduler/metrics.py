@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from services.scheduler.engine_thread import EngineStats
+from services.scheduler.engine_messages import EngineStats
 from services.scheduler.stats import SchedulerStats
 
 _LATENCY = (

@@ -1,15 +1,15 @@
 """Protobuf <-> scheduler domain types (``Req``, ``ReqTimes``, ``FinishInfo``,
-``OutputRow``). The only scheduler module besides the server and the pusher that
-imports *_pb2, so the engine stays transport-free.
-Rows are converted on the event loop from immutable ``OutputRow`` snapshots: no
-function here reads a live ``Req``."""
+``OutputRow``). With the engine boundary's codec (``engine_codec.py``) the only scheduler
+modules besides the server and the pusher that import *_pb2, so the engine stays
+transport-free. Rows are converted from immutable ``OutputRow`` snapshots, and a
+``Req`` only before it reaches the engine: no function here reads a live ``Req``."""
 
 from __future__ import annotations
 
 from tokenline.v1 import common_pb2, scheduler_pb2
 
 from services.common.sampling_params import SamplingParams
-from services.scheduler.engine import OutputRow
+from services.scheduler.engine import OutputRow, RowInit
 from services.scheduler.prompt_logprobs import PromptLogprob, PromptLogprobState
 from services.scheduler.req import DecodeFlags, FinishInfo, Req, ReqTimes
 from services.scheduler.sessions import SessionParams
@@ -19,6 +19,7 @@ _FINISH_KINDS = {
     "length": common_pb2.FinishReason.KIND_LENGTH,
     "abort": common_pb2.FinishReason.KIND_ABORT,
 }
+_FINISH_NAMES = {kind: name for name, kind in _FINISH_KINDS.items()}
 
 
 def req_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> Req:
@@ -43,6 +44,34 @@ def req_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> Req:
         prompt_logprobs=prompt_logprobs_from_pb(pb),
         session=session_from_pb(pb),
     )
+
+
+def req_to_pb(req: Req) -> scheduler_pb2.TokenizedGenerateReqInput:
+    """A request not yet in the engine, as it reaches the engine process; the inverse of
+    ``req_from_pb``, with the acceptance stamp (``times.queued``) kept."""
+    pb = scheduler_pb2.TokenizedGenerateReqInput(
+        rid=req.rid,
+        input_ids=req.input_ids,
+        sampling_params=req.params.to_pb(),
+        reply_to=req.flags.reply_to,
+        times=times_to_pb(req.times),
+        priority=req.priority,
+        label=req.label,
+        stream=req.stream,
+    )
+    pb.logprob.return_logprob = req.return_logprob
+    pb.logprob.top_logprobs_num = req.top_logprobs_num
+    if req.prompt_logprobs is not None:
+        pb.logprob.logprob_start_len = req.prompt_logprobs.start
+        pb.logprob.prompt_top_logprobs_num = req.prompt_logprobs.num_top
+    if req.session is not None:
+        s = req.session
+        pb.session_params.id = s.id
+        pb.session_params.rid = s.rid
+        pb.session_params.offset = s.offset
+        pb.session_params.replace = s.replace
+        pb.session_params.drop_previous_output = s.drop_previous_output
+    return pb
 
 
 def session_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> SessionParams | None:
@@ -88,6 +117,20 @@ def times_from_pb(pb: common_pb2.StageTimes) -> ReqTimes:
     )
 
 
+def all_times_from_pb(pb: common_pb2.StageTimes) -> ReqTimes:
+    """Every stamp, the scheduler's own included (0 is unset)."""
+    return ReqTimes(
+        received=pb.received or None,
+        templated=pb.templated or None,
+        tokenized=pb.tokenized or None,
+        dispatched=pb.dispatched or None,
+        queued=pb.queued or None,
+        scheduled=pb.scheduled or None,
+        first_token=pb.first_token or None,
+        finished=pb.finished or None,
+    )
+
+
 def times_to_pb(times: ReqTimes) -> common_pb2.StageTimes:
     """Every stamp reached; one never reached stays 0 (unset)."""
     return common_pb2.StageTimes(
@@ -109,6 +152,12 @@ def finish_to_pb(finish: FinishInfo) -> common_pb2.FinishReason:
     elif isinstance(finish.matched, int):
         pb.matched_token_id = finish.matched
     return pb
+
+
+def finish_from_pb(pb: common_pb2.FinishReason) -> FinishInfo:
+    matched_field = pb.WhichOneof("matched")
+    matched = None if matched_field is None else getattr(pb, matched_field)
+    return FinishInfo(_FINISH_NAMES[pb.kind], matched, pb.message)
 
 
 def row_to_pb(row: OutputRow) -> scheduler_pb2.TokenIDRow:
@@ -147,3 +196,38 @@ def row_to_pb(row: OutputRow) -> scheduler_pb2.TokenIDRow:
 
 def rows_to_batch_pb(step: int, rows: list[OutputRow]) -> scheduler_pb2.BatchTokenIDOutput:
     return scheduler_pb2.BatchTokenIDOutput(step=step, rows=[row_to_pb(r) for r in rows])
+
+
+def row_from_pb(pb: scheduler_pb2.TokenIDRow) -> OutputRow:
+    """The inverse of ``row_to_pb``: the engine process's rows back in the gRPC process."""
+    init = None
+    if pb.has_init:
+        flags = DecodeFlags(
+            reply_to=pb.reply_to,
+            skip_special_tokens=pb.skip_special_tokens,
+            spaces_between_special_tokens=pb.spaces_between_special_tokens,
+            no_stop_trim=pb.no_stop_trim,
+            stop=tuple(pb.stop),
+        )
+        init = RowInit(flags, tuple(pb.prompt_tail_ids))
+    return OutputRow(
+        rid=pb.rid,
+        new_token_ids=tuple(pb.new_token_ids),
+        finish=finish_from_pb(pb.finish_reason) if pb.HasField("finish_reason") else None,
+        num_prompt_tokens=pb.prompt_tokens,
+        num_output_tokens=pb.completion_tokens,
+        num_cached_tokens=pb.cached_tokens,
+        logprobs=tuple(
+            (e.token_id, e.logprob, [(t.token_id, t.logprob) for t in e.top]) for e in pb.logprobs
+        ),
+        times=all_times_from_pb(pb.times) if pb.HasField("times") else None,
+        init=init,
+        input_logprobs=tuple(_prompt_logprob_from_pb(e) for e in pb.input_token_logprobs),
+    )
+
+
+def _prompt_logprob_from_pb(pb: common_pb2.TokenLogprob) -> PromptLogprob:
+    top = tuple((t.token_id, t.logprob) for t in pb.top)
+    if pb.no_logprob:
+        return PromptLogprob(pb.token_id, None, 0, top)
+    return PromptLogprob(pb.token_id, pb.logprob, pb.rank, top)

@@ -21,7 +21,7 @@ from services.common.errors import (
     UnavailableError,
     grpc_errors,
 )
-from services.scheduler.engine_thread import EngineThread
+from services.scheduler.engine_client import EngineClient
 from services.scheduler.leases import Leases
 from services.scheduler.protocol import req_from_pb
 
@@ -64,14 +64,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(self, model_name: str, metrics_port: int = 0) -> None:
         self.model_name = model_name
         self.metrics_port = metrics_port
-        self.engine: EngineThread | None = None
+        self.engine: EngineClient | None = None
         self.context_length = 0
         self.dtype = ""
         self.draining = False
         self.leases = Leases()
         self._owner_aborts: set[asyncio.Task] = set()
 
-    def attach(self, engine: EngineThread, context_length: int, dtype: str) -> None:
+    def attach(self, engine: EngineClient, context_length: int, dtype: str) -> None:
         """Start answering: called once the model is loaded (``dtype``: what it runs in)."""
         self.engine = engine
         self.context_length = context_length
@@ -160,7 +160,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 logger.info("frontend %s detached; aborting its requests", owner)
                 self._abort_owned(engine, owner)
 
-    def _abort_owned(self, engine: EngineThread, owner: str) -> None:
+    def _abort_owned(self, engine: EngineClient, owner: str) -> None:
         """Synchronous when the inbox has room; otherwise retried until it has, since a
         lost abort would leave the requests running for nobody."""
         reason = f"frontend {owner} went away"
@@ -173,7 +173,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             task.add_done_callback(self._owner_aborts.discard)
 
     @staticmethod
-    async def _retry_abort_owned(engine: EngineThread, owner: str, reason: str) -> None:
+    async def _retry_abort_owned(engine: EngineClient, owner: str, reason: str) -> None:
         while True:
             await asyncio.sleep(0.05)
             try:
@@ -182,7 +182,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             except ResourceExhaustedError:
                 continue
 
-    def _info(self, engine: EngineThread) -> scheduler_pb2.SchedulerInfo:
+    def _info(self, engine: EngineClient) -> scheduler_pb2.SchedulerInfo:
         stats = engine.stats
         # Waiting counts every accepted request not yet running, those still on their way
         # into the next step included: routers read it right after dispatching.
@@ -206,7 +206,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         if not self.leases.holds(owner):
             raise UnavailableError(f"frontend {owner!r} holds no lease here; Attach first")
 
-    def _live_engine(self) -> EngineThread:
+    def _live_engine(self) -> EngineClient:
         """The engine, or UNAVAILABLE while the model loads or after the engine failed."""
         if self.engine is None:
             raise UnavailableError("scheduler is loading the model")

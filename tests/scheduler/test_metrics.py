@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from services.scheduler.engine import Scheduler
-from services.scheduler.engine_thread import EngineStats
+from services.scheduler.engine_messages import EngineStats
 from services.scheduler.metrics import SchedulerMetrics, kv_usage
 from services.scheduler.stats import SchedulerStats
 from tests.scheduler.factories import make_req, make_scheduler, run_to_completion
