@@ -15,10 +15,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import httpx
 from transformers import PreTrainedTokenizerBase
 
-from bench.serve.client import RequestResult, RequestSettings, send_request
+from bench.serve.client import RequestResult, RequestSettings, new_session, send_request
 from bench.serve.datasets import BenchPrompt
 
 
@@ -50,9 +49,7 @@ async def run_load(
 ) -> RunOutcome:
     limit = load.max_concurrency or len(prompts) or 1
     semaphore = asyncio.Semaphore(limit)
-    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
-    timeout = httpx.Timeout(settings.timeout_s, connect=30.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    async with new_session(limit, settings.timeout_s) as client:
         run_start = time.perf_counter()
 
         async def limited(prompt: BenchPrompt) -> RequestResult:
