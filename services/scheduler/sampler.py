@@ -28,14 +28,6 @@ CANDIDATE_CAP = 1024
 _BLOCK = 128  # entries per block of the two-stage inverse CDF over a whole vocabulary
 _NUM_BINS = 1024  # log-probability bins that locate a wide top-p nucleus's edge
 _TINY = torch.finfo(torch.float32).tiny
-# exp() of anything below about -87 (a float32 result that is denormal or 0, and -inf
-# from a grammar or min_tokens mask) leaves torch's fast vector path: 30 ms instead of
-# 3.5 ms for [32, 129280] of peaked logits on the AMD EPYC here. Clamping at _EXP_FLOOR
-# first keeps every exp on the fast path; a token below e^-80 of the top one (probability
-# under 1e-34) then weighs e^-80 instead, and rows with a hard mask subtract that weight
-# again so a forbidden token weighs exactly 0.
-_EXP_FLOOR = -80.0
-_EXP_FLOOR_WEIGHT = torch.tensor(_EXP_FLOOR).exp().item()
 
 
 @dataclass(slots=True)
@@ -237,26 +229,21 @@ def _row_values(
 
 
 def _dense_candidates(logits: torch.Tensor, reqs: Sequence[Req], rows: list[int]) -> Candidates:
-    """Rows with neither top-k nor top-p: the whole row, as ``exp(x / T - max)``.
+    """Rows with neither top-k nor top-p: the whole row, as ``softmax(x / T)``.
 
-    That is the softmax without its normalisation, which the inverse CDF does not need, and
-    it is computed in place on ``logits`` (consumed) so no [B, V] buffer is allocated. The
-    largest weight is exactly 1, so min-p (``p < min_p * p_max``) is ``w < min_p``.
+    Torch's softmax, written over ``logits`` (consumed), so no [B, V] buffer is allocated.
+    It replaced separate max, subtract, clamp and ``exp_`` passes: its fused, vectorised
+    exp takes 1.1-1.4 ms for [32, 129280] on the AMD EPYC here, where ``exp_`` alone took
+    1.8 ms, and needs no clamp to stay fast on peaked rows or on -inf (a grammar or
+    min_tokens mask), which gets exactly 0. Min-p keeps ``p >= min_p * p_max``.
     """
     temperatures = [reqs[i].params.temperature for i in rows]
     values = _over_temperature(_rows(logits, rows), temperatures, in_place=True)
-    values.sub_(values.amax(dim=-1, keepdim=True)).clamp_(min=_EXP_FLOOR).exp_()
-    if any(_has_hard_mask(reqs[i]) for i in rows):
-        values.sub_(_EXP_FLOOR_WEIGHT).clamp_(min=0.0)
+    probs = torch.softmax(values, dim=-1, out=values)
     if any(reqs[i].params.min_p > 0.0 for i in rows):
-        values.masked_fill_(values < _row_values(reqs, rows, "min_p", values.device), 0.0)
-    return Candidates(rows, values, None)
-
-
-def _has_hard_mask(req: Req) -> bool:
-    """Some tokens are forbidden outright (-inf): by a grammar, or a stop token before
-    ``min_new_tokens``."""
-    return req.grammar is not None or len(req.output_ids) < req.params.min_new_tokens
+        min_p = _row_values(reqs, rows, "min_p", probs.device)
+        probs.masked_fill_(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+    return Candidates(rows, probs, None)
 
 
 def _top_candidates(
