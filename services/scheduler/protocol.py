@@ -107,28 +107,21 @@ def prompt_logprob_to_pb(entry: PromptLogprob) -> common_pb2.TokenLogprob:
     )
 
 
-def times_from_pb(pb: common_pb2.StageTimes) -> ReqTimes:
-    """The stamps a client may bring (0 is unset); the scheduler sets its own (queued, ...)."""
-    return ReqTimes(
+def times_from_pb(pb: common_pb2.StageTimes, *, with_own: bool = False) -> ReqTimes:
+    """The stamps a client may bring (0 is unset), and with ``with_own`` the scheduler's
+    own too (queued, ...): a row coming back from the engine process carries them all."""
+    times = ReqTimes(
         received=pb.received or None,
         templated=pb.templated or None,
         tokenized=pb.tokenized or None,
         dispatched=pb.dispatched or None,
     )
-
-
-def all_times_from_pb(pb: common_pb2.StageTimes) -> ReqTimes:
-    """Every stamp, the scheduler's own included (0 is unset)."""
-    return ReqTimes(
-        received=pb.received or None,
-        templated=pb.templated or None,
-        tokenized=pb.tokenized or None,
-        dispatched=pb.dispatched or None,
-        queued=pb.queued or None,
-        scheduled=pb.scheduled or None,
-        first_token=pb.first_token or None,
-        finished=pb.finished or None,
-    )
+    if with_own:
+        times.queued = pb.queued or None
+        times.scheduled = pb.scheduled or None
+        times.first_token = pb.first_token or None
+        times.finished = pb.finished or None
+    return times
 
 
 def times_to_pb(times: ReqTimes) -> common_pb2.StageTimes:
@@ -220,7 +213,7 @@ def row_from_pb(pb: scheduler_pb2.TokenIDRow) -> OutputRow:
         logprobs=tuple(
             (e.token_id, e.logprob, [(t.token_id, t.logprob) for t in e.top]) for e in pb.logprobs
         ),
-        times=all_times_from_pb(pb.times) if pb.HasField("times") else None,
+        times=times_from_pb(pb.times, with_own=True) if pb.HasField("times") else None,
         init=init,
         input_logprobs=tuple(_prompt_logprob_from_pb(e) for e in pb.input_token_logprobs),
     )
