@@ -16,6 +16,8 @@ def main() -> None:
         create_app(config),
         host=config.host,
         port=config.port,
+        http="httptools",  # C parser and writer; h11 cost 18 % more CPU per streamed token
+        loop="asyncio",  # grpc.aio, which reaches the frontend, runs on asyncio's loop only
         log_config=None,  # uvicorn's loggers propagate to ours: one format for all lines
         log_level=config.log_level,
         timeout_graceful_shutdown=int(config.drain_timeout_s),
