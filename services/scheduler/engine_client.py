@@ -236,6 +236,8 @@ class EngineClient:
     # ---- outputs, in order, on the delivering thread -------------------------------
 
     def handle(self, output: EngineOutput) -> None:
+        if not output.idle:  # before the applied count drops: never idle in between
+            self._engine_idle = False
         if output.num_applied:
             with self._lock:
                 self._num_unapplied -= output.num_applied
@@ -249,7 +251,7 @@ class EngineClient:
             self.sink(list(output.rows))
         for ticket, answer in output.answers:
             self._resolve(ticket, answer)
-        self._engine_idle = output.idle
+        self._engine_idle = output.idle  # idle only once its rows were handed over
 
     def _resolve(self, ticket: int, answer: Answer) -> None:
         """Resolve a waiting caller's future; one whose caller gave up is left alone."""
