@@ -136,7 +136,7 @@ def main() -> None:
     args = parse_args()
     machine = machine_info()
     print(f"machine: {describe(machine)}", flush=True)
-    scheduler, _, dtype = build_engine(scheduler_args(["--model", args.model]))
+    scheduler, dtype = build_engine(scheduler_args(["--model", args.model]))
     stack = LocalStack(args.model, StackPorts.free(), log_dir=RESULTS / "split-logs")
     stack.start(timeout=300)
     try:

@@ -166,8 +166,9 @@ async def start_engine(
     if launch is not None:
         engine = await launch.ready(sink, on_stats, on_fatal)
         return engine, engine.limits.context_length, engine.dtype
-    scheduler, context, dtype = await asyncio.to_thread(build_engine, config)
-    return EngineThread(scheduler, sink, on_stats=on_stats, on_fatal=on_fatal), context, dtype
+    scheduler, dtype = await asyncio.to_thread(build_engine, config)
+    thread = EngineThread(scheduler, sink, on_stats=on_stats, on_fatal=on_fatal)
+    return thread, scheduler.limits.context_length, dtype
 
 
 def main() -> None:

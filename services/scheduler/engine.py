@@ -149,6 +149,13 @@ class Scheduler:
         self.kv = KVCacheManager(kv_pool, config.enable_prefix_cache)
         self.stop_checker = stop_checker
         self.config = config
+        # What the RPC side validates against; none of it changes after construction.
+        self.limits = EngineLimits(
+            vocab_size=self.runner.vocab_size,
+            context_length=config.context_length,
+            num_kv_tokens=kv_pool.num_tokens,
+            max_waiting_requests=config.max_waiting_requests,
+        )
         self.sampler = Sampler(device, stop_checker.eos_token_ids)
         self.grammars = GrammarCompiler(
             stop_checker.tokenizer, self.runner.vocab_size, stop_checker.eos_token_ids
@@ -189,16 +196,6 @@ class Scheduler:
                 self.abort(dropped.rid, "replaced in its session")
         self.reqs[req.rid] = req
         self.waiting.push(req)
-
-    @property
-    def limits(self) -> EngineLimits:
-        """What the RPC side validates against; none of it changes after construction."""
-        return EngineLimits(
-            vocab_size=self.runner.vocab_size,
-            context_length=self.config.context_length,
-            num_kv_tokens=self.kv_pool.num_tokens,
-            max_waiting_requests=self.config.max_waiting_requests,
-        )
 
     def validate(self, req: Req) -> None:
         """INVALID_ARGUMENT unless ``req`` could run here (``EngineLimits.validate``)."""

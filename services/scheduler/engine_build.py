@@ -47,9 +47,10 @@ class SchedulerProcessConfig:
     tls: TlsSettings
 
 
-def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, int, str]:
-    """Load the model and size the KV pool; returns the scheduler, context length and
-    the name of the dtype the model runs in."""
+def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
+    """Load the model and size the KV pool; returns the scheduler (its context length,
+    capped to the pool, is ``scheduler.limits.context_length``) and the name of the dtype
+    the model runs in."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     device = torch.device(config.device)
@@ -80,7 +81,7 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, int, str]:
         ),
         device,
     )
-    return scheduler, context, choice.name
+    return scheduler, choice.name
 
 
 def create_kv_pool(

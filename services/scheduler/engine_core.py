@@ -38,7 +38,8 @@ IDLE_WAIT_S = 0.5  # how long an idle engine blocks on its inbox before checking
 
 
 class Inbox(Protocol):
-    """``queue.Queue`` or ``multiprocessing.Queue``: both raise ``queue.Empty``."""
+    """``queue.Queue`` (the engine thread's) or the engine process's pipe reader: both
+    raise ``queue.Empty`` when nothing came."""
 
     def get(self, block: bool = True, timeout: float | None = None) -> Command | None: ...
 

@@ -1,8 +1,9 @@
 """What crosses the engine boundary: commands in, ``EngineOutput`` out, and the limits
 the RPC side validates against.
 
-Plain, picklable data and nothing live, so the same messages serve an engine on a
-thread (``engine_thread.py``) and one in its own process (``engine_process.py``). A
+Plain data and nothing live, so the same messages serve an engine on a thread
+(``engine_thread.py``) and one in its own process (``engine_process.py``, which sends
+them as Protobuf: ``engine_codec.py``). A
 command that needs an answer carries a ``ticket``; the engine answers it in an output
 and the RPC side (``engine_client.py``) resolves the caller's future.
 """

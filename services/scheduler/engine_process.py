@@ -200,7 +200,7 @@ def run_engine(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     setup_logging(config.log_level, config.log_json)
-    scheduler, _, dtype = build_engine(config)
+    scheduler, dtype = build_engine(config)
     outputs.send_bytes(encode_ready(scheduler.limits, dtype))
 
     def emit(output: EngineOutput) -> None:
