@@ -16,6 +16,7 @@ from typing import TypeVar
 import grpc
 from tokenline.v1 import common_pb2, frontend_pb2, scheduler_pb2
 
+from services.common.deadlines import ENGINE_ANSWER_RPC_TIMEOUT_S
 from services.common.errors import InvalidArgumentError, UnavailableError
 from services.common.version import package_version
 from services.frontend.request_state import ReqState
@@ -25,7 +26,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 INFO_TIMEOUT_S = 5.0
-FLUSH_TIMEOUT_S = 35.0  # a scheduler waits up to 30 s for its engine's next pause
 # What a batch or n > 1 request adds to the client's id: <id>-<j> and <id>-<j>-<i>.
 _ELEMENT_SUFFIX = re.compile(r"(-\d+){1,2}")
 
@@ -112,8 +112,9 @@ class Operations:
         flight. UNAVAILABLE when one did not answer (the others may have flushed)."""
         stubs = self.manager.schedulers
         request = scheduler_pb2.FlushCacheRequest()
+        timeout = ENGINE_ANSWER_RPC_TIMEOUT_S
         answers = await asyncio.gather(
-            *(_answer(s.FlushCache(request, timeout=FLUSH_TIMEOUT_S)) for s in stubs.values())
+            *(_answer(s.FlushCache(request, timeout=timeout)) for s in stubs.values())
         )
         response = frontend_pb2.FlushCacheResponse()
         for addr, (result, error) in zip(stubs, answers, strict=True):

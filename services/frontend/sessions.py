@@ -16,11 +16,10 @@ from collections.abc import Callable
 
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
+from services.common.deadlines import ENGINE_ANSWER_RPC_TIMEOUT_S
 from services.common.errors import AlreadyExistsError, InvalidArgumentError
 
 logger = logging.getLogger(__name__)
-
-_RPC_TIMEOUT_S = 35.0  # past the scheduler's own wait for its engine (30 s)
 
 
 class SessionRoutes:
@@ -55,7 +54,7 @@ class SessionRoutes:
             session_id=session_id, capacity_of_str_len=capacity, owner=self._frontend_id
         )
         try:
-            await self._stubs[addr].OpenSession(request, timeout=_RPC_TIMEOUT_S)
+            await self._stubs[addr].OpenSession(request, timeout=ENGINE_ANSWER_RPC_TIMEOUT_S)
         except BaseException:
             self._addrs.pop(session_id, None)
             raise
@@ -68,7 +67,7 @@ class SessionRoutes:
         if addr is None:
             raise InvalidArgumentError(f"no open session {session_id!r}", field="session_id")
         request = scheduler_pb2.CloseSessionReq(session_id=session_id)
-        await self._stubs[addr].CloseSession(request, timeout=_RPC_TIMEOUT_S)
+        await self._stubs[addr].CloseSession(request, timeout=ENGINE_ANSWER_RPC_TIMEOUT_S)
 
     def scheduler_of(self, session_id: str) -> str:
         """The replica holding the session; INVALID_ARGUMENT naming session_params.id when

@@ -15,6 +15,7 @@ from typing import TypeVar
 import grpc
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
+from services.common.deadlines import ENGINE_ANSWER_TIMEOUT_S
 from services.common.errors import (
     InvalidArgumentError,
     ResourceExhaustedError,
@@ -32,9 +33,6 @@ logger = logging.getLogger(__name__)
 BEAT_INTERVAL_S = 0.25
 # A lease the frontend has not renewed for this long has lapsed (it renews every 250 ms).
 LEASE_TIMEOUT_S = 2.0
-# A command answered by the engine (flush, session open/close, a session's request) waits
-# for its next pause between steps; past this the engine is stuck.
-ENGINE_ANSWER_TIMEOUT_S = 30.0
 
 T = TypeVar("T")
 
