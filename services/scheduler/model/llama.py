@@ -23,7 +23,7 @@ from services.scheduler.attention.base import AttentionBackend, AttentionMetadat
 from services.scheduler.forward_batch import ForwardBatch
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.config import ModelConfig
-from services.scheduler.model.row_buckets import BucketedLinear
+from services.scheduler.model.linear import Linear
 
 
 @dataclass(slots=True)
@@ -82,10 +82,10 @@ class Attention(nn.Module):
         self.scale = config.head_dim**-0.5
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
-        self.qkv_proj = BucketedLinear(
+        self.qkv_proj = Linear(
             config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias
         )
-        self.o_proj = BucketedLinear(q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.o_proj = Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         num_tokens = x.shape[0]
@@ -103,10 +103,10 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = BucketedLinear(
+        self.gate_up_proj = Linear(
             config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias
         )
-        self.down_proj = BucketedLinear(
+        self.down_proj = Linear(
             config.intermediate_size, config.hidden_size, bias=config.mlp_bias
         )
 
@@ -159,7 +159,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.attn_backend = attn_backend
         self.model = LlamaModel(config)
-        self.lm_head = BucketedLinear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config)
         self.tie_weights()
 

@@ -9,6 +9,7 @@ must be filled: a silently half-loaded model would serve plausible garbage.
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 from pathlib import Path
 
@@ -18,8 +19,10 @@ from safetensors import safe_open
 from services.scheduler.attention import create_attention_backend
 from services.scheduler.model.config import ModelConfig
 from services.scheduler.model.dtype import choose_dtype
+from services.scheduler.model.linear import prepare_linears
 from services.scheduler.model.llama import LlamaForCausalLM
-from services.scheduler.model.row_buckets import enable_row_buckets, needs_row_buckets
+
+logger = logging.getLogger(__name__)
 
 # Buffers some older checkpoints saved; we recompute them.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -45,8 +48,8 @@ def load_model(
     model = model.to(dtype=chosen).to_empty(device=device)
     model.tie_weights()
     load_weights(model, checkpoint_files(model_dir))
-    if needs_row_buckets(device, chosen):
-        enable_row_buckets(model)  # oneDNN keeps a kernel per row count otherwise
+    linears = prepare_linears(model, device, chosen)  # oneDNN packing and row buckets on CPU
+    logger.info("model %s: %s on %s, linear layers %s", model_dir.name, chosen, device, linears)
     return model.eval(), config
 
 
