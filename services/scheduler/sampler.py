@@ -93,6 +93,30 @@ def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return (block * _BLOCK + offset).clamp_max_(width - 1)
 
 
+def argmax_rows(values: torch.Tensor) -> torch.Tensor:
+    """``torch.argmax(values, dim=-1)`` of [n, V]: each row's first maximum (NaN counts as
+    the maximum, as there).
+
+    On CPU torch's argmax is a scalar loop: 2.2 ms over [32, 129,280] on the AMD EPYC here,
+    where the vectorised ``amax`` takes 0.13. So the maximum of each ``_BLOCK`` entries is
+    taken first; the first block holding the row's maximum holds its first occurrence,
+    and only that block is searched. A ragged last block is searched through a full-width
+    window ending at the row's end: entries it shares with the block before are all below
+    the maximum, or that block would have been chosen.
+    """
+    num_rows, width = values.shape
+    if values.device.type != "cpu" or width < 4 * _BLOCK:
+        return values.argmax(dim=-1)
+    num_full = width // _BLOCK
+    maxima = values[:, : num_full * _BLOCK].unflatten(-1, (num_full, _BLOCK)).amax(dim=-1)
+    if width % _BLOCK:
+        tail = values[:, num_full * _BLOCK :].amax(dim=-1, keepdim=True)
+        maxima = torch.cat((maxima, tail), dim=-1)
+    start = (maxima.argmax(dim=-1) * _BLOCK).clamp_max_(width - _BLOCK)
+    window = start.unsqueeze(1) + torch.arange(_BLOCK, device=values.device)
+    return start + values.gather(1, window).argmax(dim=-1)
+
+
 def _search(
     weights: torch.Tensor, uniforms: torch.Tensor, targets: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -170,13 +194,13 @@ class Sampler:
         tokens = torch.zeros(len(reqs), dtype=torch.int64, device=device)
         greedy = [i for i, r in enumerate(reqs) if r.params.is_greedy]
         if greedy:
-            tokens[index_tensor(greedy, device)] = torch.argmax(_rows(logits, greedy), dim=-1)
+            tokens[index_tensor(greedy, device)] = argmax_rows(_rows(logits, greedy))
         groups = self.candidates(logits, reqs)
         if groups:
             uniforms = self._uniforms(reqs, device)
             for group in groups:
                 index = index_tensor(group.rows, device)
-                top = lambda index=index: torch.argmax(logits[index], dim=-1)  # noqa: E731
+                top = lambda index=index: argmax_rows(logits[index])  # noqa: E731
                 tokens[index] = group.draw(uniforms[index], top)
         return tokens
 

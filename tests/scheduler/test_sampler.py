@@ -6,11 +6,13 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from services.scheduler.logits_processor import LogitsProcessor
 from services.scheduler.req import Req
-from services.scheduler.sampler import Candidates, Sampler, nucleus_mask
+from services.scheduler.sampler import Candidates, Sampler, argmax_rows, nucleus_mask
 from tests.scheduler.factories import make_req
 
 VOCAB = 12
@@ -396,3 +398,31 @@ def test_logprobs_are_the_raw_model_distribution() -> None:
     assert [t for t, _ in top] == ids.tolist()
     assert [v for _, v in top] == pytest.approx(values.tolist(), abs=1e-6)
     assert out.logprobs[1][2] == [] and out.logprobs[2] is None
+
+
+# ---- argmax over long rows --------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    num_rows=st.integers(1, 5),
+    width=st.integers(1, 2_000),
+    levels=st.integers(1, 4),  # few distinct values: the maximum repeats, ties must go first
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_argmax_rows_is_torch_argmax(num_rows: int, width: int, levels: int, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randint(0, levels, (num_rows, width), generator=gen).float()
+    values[0, torch.randint(0, width, (1,), generator=gen)] = -math.inf
+    assert torch.equal(argmax_rows(values), values.argmax(dim=-1))
+    dense = torch.randn(num_rows, width, generator=gen)
+    assert torch.equal(argmax_rows(dense), dense.argmax(dim=-1))
+
+
+def test_argmax_rows_on_a_vocabulary_row_with_the_maximum_in_the_ragged_tail() -> None:
+    values = torch.zeros(3, 129_281)  # 1,010 full blocks of 128 and one entry
+    values[0, -1] = 1.0  # only in the tail
+    values[1, 129_279] = values[1, -1] = 1.0  # last full block first
+    values[2, 5] = math.nan  # NaN counts as the maximum, as in torch.argmax
+    assert argmax_rows(values).tolist() == [129_280, 129_279, 5]
+    assert torch.equal(argmax_rows(values), values.argmax(dim=-1))
