@@ -42,8 +42,9 @@ class TokenlineError(Exception):
     def details(self) -> str:
         return f"{self.field}: {self.message}" if self.field else self.message
 
-    def status(self) -> grpc.Status:
-        """This error as a rich status: code, details and, with a field, a BadRequest."""
+    def rich_status(self) -> status_pb2.Status:
+        """This error as a ``google.rpc.Status``: code, details and, with a field, a
+        BadRequest (what a per-item result of a batch call carries)."""
         rich = status_pb2.Status(code=self.code.value[0], message=self.details())
         if self.field:
             violation = error_details_pb2.BadRequest.FieldViolation(
@@ -52,7 +53,20 @@ class TokenlineError(Exception):
             detail = any_pb2.Any()
             detail.Pack(error_details_pb2.BadRequest(field_violations=[violation]))
             rich.details.append(detail)
-        return rpc_status.to_status(rich)
+        return rich
+
+    def status(self) -> grpc.Status:
+        """This error as a call's status, the rich status in its trailer."""
+        return rpc_status.to_status(self.rich_status())
+
+
+def call_error(rich: status_pb2.Status) -> grpc.aio.AioRpcError:
+    """A failed per-item result of a batch call as the error its own call would have
+    raised: same code and details, the rich status (field included) in the trailer, so
+    ``field_of`` and every caller that handles a failed call handle it unchanged."""
+    status = rpc_status.to_status(rich)
+    trailer = grpc.aio.Metadata(*status.trailing_metadata)
+    return grpc.aio.AioRpcError(status.code, grpc.aio.Metadata(), trailer, status.details)
 
 
 def field_of(exc: grpc.aio.AioRpcError) -> str | None:

@@ -32,6 +32,7 @@ from tokenline.v1 import (
 from services.common.errors import SCHEDULER_STREAM_ENDED, UnavailableError
 from services.common.sampling_params import SamplingParams
 from services.common.tls import TlsSettings, open_channel
+from services.frontend.add_request_batcher import AddRequestBatcher
 from services.frontend.request_state import ReqStage, ReqState, ReqStateTable
 from services.frontend.router import SchedulerRouter
 from services.frontend.sessions import SessionRoutes
@@ -78,6 +79,7 @@ class TokenizerManager:
         self._stubs = {
             addr: scheduler_pb2_grpc.SchedulerServiceStub(ch) for addr, ch in self._channels.items()
         }
+        self._batchers = {addr: AddRequestBatcher(stub) for addr, stub in self._stubs.items()}
         self.router = SchedulerRouter(self._stubs, frontend_id, on_down=self._scheduler_down)
         self.sessions = SessionRoutes(self._stubs, self.router.pick, frontend_id)
         self._rid_counter = itertools.count()
@@ -103,6 +105,8 @@ class TokenizerManager:
             self._subscription.cancel()
             await asyncio.gather(self._subscription, return_exceptions=True)
         await asyncio.gather(*self._cleanups, return_exceptions=True)
+        for batcher in self._batchers.values():
+            await batcher.close()
         for channel in [*self._channels.values(), self._detok_channel]:
             await channel.close()
 
@@ -251,8 +255,9 @@ class TokenizerManager:
         self.router.dispatched(addr)
         # From here the scheduler may hold the rid, even if this task is cancelled
         # while the call is in flight: the call runs on, and _release waits for it.
+        # Requests dispatched together share one AddRequests call (add_request_batcher.py).
         state.stage = ReqStage.SENT
-        state.dispatch_call = asyncio.ensure_future(self._stubs[addr].AddRequest(pb))
+        state.dispatch_call = self._batchers[addr].submit(pb)
         try:
             await asyncio.shield(state.dispatch_call)
         except grpc.aio.AioRpcError:

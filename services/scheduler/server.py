@@ -10,15 +10,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+from collections.abc import Sequence
 from typing import TypeVar
 
 import grpc
+from google.rpc import status_pb2
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from services.common.deadlines import ENGINE_ANSWER_TIMEOUT_S
 from services.common.errors import (
     InvalidArgumentError,
     ResourceExhaustedError,
+    TokenlineError,
     UnavailableError,
     grpc_errors,
 )
@@ -35,6 +38,8 @@ BEAT_INTERVAL_S = 0.25
 LEASE_TIMEOUT_S = 2.0
 
 T = TypeVar("T")
+
+_ACCEPTED = status_pb2.Status()  # code 0: OK
 
 
 async def _engine_answer(done: concurrent.futures.Future[T], what: str) -> T:
@@ -77,17 +82,56 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     @grpc_errors
     async def AddRequest(self, request, context):  # noqa: N802 - gRPC method name
+        done = self._accept(request)
+        if done is not None:  # a request in a session: the engine's verdict is the answer
+            await _engine_answer(done, "the session request")
+        self._count_accepted(request.reply_to)
+        return scheduler_pb2.AddReqAck()
+
+    @grpc_errors
+    async def AddRequests(self, request, context):  # noqa: N802
+        self._live_engine()  # not serving yet: the whole call fails, as AddRequest would
+        return scheduler_pb2.AddReqBatchAck(results=await self._accept_all(request.reqs))
+
+    async def _accept_all(
+        self, reqs: Sequence[scheduler_pb2.TokenizedGenerateReqInput]
+    ) -> list[status_pb2.Status]:
+        """Each request as AddRequest would take it, in order, all queued before any
+        session verdict is awaited; a refusal is that request's result, not the call's."""
+        results: list[status_pb2.Status | None] = [None] * len(reqs)
+        verdicts: dict[int, concurrent.futures.Future[None]] = {}
+        for i, pb in enumerate(reqs):
+            try:
+                done = self._accept(pb)
+            except TokenlineError as exc:
+                results[i] = exc.rich_status()
+                continue
+            if done is not None:
+                verdicts[i] = done
+        for i, done in verdicts.items():
+            try:
+                await _engine_answer(done, "the session request")
+            except TokenlineError as exc:
+                results[i] = exc.rich_status()
+        for pb, result in zip(reqs, results, strict=True):
+            if result is None:
+                self._count_accepted(pb.reply_to)
+        return [result or _ACCEPTED for result in results]
+
+    def _accept(
+        self, request: scheduler_pb2.TokenizedGenerateReqInput
+    ) -> concurrent.futures.Future[None] | None:
+        """Queue one request or raise why not; a request in a session returns the future
+        of the engine's verdict."""
         engine = self._live_engine()
         if self.draining:
             raise UnavailableError("scheduler is draining; send the request to another replica")
-        owner = request.reply_to
-        self._check_lease(owner)
-        done = engine.add_request(req_from_pb(request))
-        if done is not None:  # a request in a session: the engine's verdict is the answer
-            await _engine_answer(done, "the session request")
+        self._check_lease(request.reply_to)
+        return engine.add_request(req_from_pb(request))
+
+    def _count_accepted(self, owner: str) -> None:
         if self.leases.holds(owner):  # it may have ended while the engine answered
             self.leases.count_accepted(owner)
-        return scheduler_pb2.AddReqAck()
 
     @grpc_errors
     async def OpenSession(self, request, context):  # noqa: N802

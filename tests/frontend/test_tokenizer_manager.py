@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+from google.rpc import status_pb2
 from tokenline.v1 import (
     common_pb2,
     detokenizer_pb2,
@@ -22,7 +23,7 @@ from tokenline.v1 import (
     scheduler_pb2_grpc,
 )
 
-from services.common.errors import AlreadyExistsError, UnavailableError
+from services.common.errors import AlreadyExistsError, UnavailableError, field_of
 from services.common.sampling_params import SamplingParams
 from services.frontend.request_state import ReqStage
 from services.frontend.tokenizer_manager import TokenizedRequest, TokenizerManager
@@ -33,6 +34,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(self) -> None:
         self.events: list[tuple[str, str]] = []
         self.received: list[str] = []  # rids whose AddRequest arrived, answered or not
+        self.num_add_calls = 0  # AddRequests calls (each carries one or more requests)
         self.add_delay = 0.0
         self.refuse: set[str] = set()
         self.on_add = None
@@ -45,15 +47,20 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.lease_ended.wait(), 0.05)
 
-    async def AddRequest(self, request, context):  # noqa: N802
+    async def AddRequests(self, request, context):  # noqa: N802
+        """Each request answered on its own, as the real scheduler does."""
+        self.num_add_calls += 1
+        return scheduler_pb2.AddReqBatchAck(results=[await self._add(r) for r in request.reqs])
+
+    async def _add(self, request: scheduler_pb2.TokenizedGenerateReqInput) -> status_pb2.Status:
         self.received.append(request.rid)
         await asyncio.sleep(self.add_delay)
         if request.rid in self.refuse:
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS, "rid: in flight elsewhere")
+            return AlreadyExistsError("in flight elsewhere", field="rid").rich_status()
         self.events.append(("add", request.rid))
         if self.on_add is not None:
             await self.on_add(request)
-        return scheduler_pb2.AddReqAck()
+        return status_pb2.Status()
 
     async def Abort(self, request, context):  # noqa: N802
         self.events.append(("abort", request.rid))
@@ -194,6 +201,34 @@ async def test_a_refused_dispatch_only_drops_local_state(harness: Harness) -> No
     assert len(harness.manager.table) == 0
     await harness.settled()
     assert harness.scheduler.events == []
+
+
+async def test_a_refusal_inside_a_batch_keeps_its_code_and_field(harness: Harness) -> None:
+    harness.scheduler.refuse = {"bad"}
+    ok = [asyncio.create_task(harness.consume(f"ok{i}")) for i in range(3)]
+    bad = asyncio.create_task(harness.consume("bad"))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await bad
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert field_of(err.value) == "rid" and err.value.details() == "rid: in flight elsewhere"
+    assert harness.scheduler.num_add_calls == 1  # all four went out together
+    for i in range(3):
+        harness.detokenizer.send(f"ok{i}", "done", final=True)
+    assert [len(rows) for rows in await asyncio.gather(*ok)] == [1, 1, 1]
+    assert len(harness.manager.table) == 0
+
+
+async def test_a_burst_goes_out_in_fewer_calls_than_requests(harness: Harness) -> None:
+    rids = [f"burst{i}" for i in range(16)]
+    tasks = [asyncio.create_task(harness.consume(rid)) for rid in rids]
+    for rid in rids:
+        await added(harness, rid)
+    assert sorted(harness.scheduler.received) == sorted(rids)
+    assert harness.scheduler.num_add_calls < len(rids) // 4
+    for rid in rids:
+        harness.detokenizer.send(rid, "done", final=True)
+    await asyncio.gather(*tasks)
+    assert len(harness.manager.table) == 0
 
 
 async def test_when_one_choice_is_refused_the_dispatched_ones_are_aborted(

@@ -13,6 +13,7 @@ import grpc
 import pytest
 from tokenline.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
+from services.common.errors import call_error, field_of
 from services.scheduler.engine import OutputRow
 from services.scheduler.engine_thread import EngineThread
 from services.scheduler.server import SchedulerServicer
@@ -172,3 +173,39 @@ async def test_a_lease_not_renewed_lapses_and_aborts_its_requests(stub: tuple) -
     assert 1.5 < lapsed_after < 5.0
     while (beat := await call.read()) is not grpc.aio.EOF:  # the scheduler ended it
         assert beat.info.model == "tokenline-tiny"
+
+
+async def test_a_batch_answers_each_request_as_its_own_call_would(stub: tuple) -> None:
+    client, rows = stub
+    too_long = request("too-long", 4)
+    too_long.input_ids.extend([5] * 5000)  # past the context length
+    batch = scheduler_pb2.AddReqBatch(
+        reqs=[
+            request("first", 3),
+            request("first", 3),  # a duplicate of the one just accepted
+            too_long,
+            request("no-lease", 3, owner="fe-without-lease"),
+            request("second", 3),
+        ]
+    )
+    ack = await client.AddRequests(batch)
+    codes = (
+        [grpc.StatusCode.OK.value[0]]
+        + [
+            code.value[0]
+            for code in (
+                grpc.StatusCode.ALREADY_EXISTS,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                grpc.StatusCode.UNAVAILABLE,
+            )
+        ]
+        + [grpc.StatusCode.OK.value[0]]
+    )
+    assert [r.code for r in ack.results] == codes
+    assert ack.results[1].message.startswith("rid: ")
+    assert call_error(ack.results[1]).code() == grpc.StatusCode.ALREADY_EXISTS
+    assert field_of(call_error(ack.results[1])) == "rid"
+    assert field_of(call_error(ack.results[2])) == "prompt"
+    # The accepted two run to the end; the refused ones never reached the engine.
+    await wait_for_finishes(rows, {"first", "second"})
+    assert {r.rid for r in rows} == {"first", "second"}

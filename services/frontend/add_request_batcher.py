@@ -1,0 +1,97 @@
+"""AddRequestBatcher: the requests a frontend dispatches to one scheduler at the same
+moment go out as one ``AddRequests`` call.
+
+Why: a burst (a tokenizer batch finishing, a client's n choices, many clients at once)
+made one unary AddRequest each, and every call costs both event loops a few hundred
+microseconds: on the 2-core EPYC here the 64th request of a burst waited 16-35 ms for
+its turn, while one call carrying 64 requests takes about a millisecond. Each request
+still gets its own answer, exactly the error its own AddRequest would have raised.
+
+Policy: a request submitted while none is pending schedules a flush for the next turn
+of the event loop, and everything submitted before then rides in that call. A lone
+request pays one ``call_soon`` and no timer, so an idle server adds no latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from google.rpc import status_pb2
+from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+from services.common.errors import call_error
+
+logger = logging.getLogger(__name__)
+
+_Pending = tuple[scheduler_pb2.TokenizedGenerateReqInput, "asyncio.Future[None]"]
+
+
+class AddRequestBatcher:
+    """Batches one scheduler's AddRequest calls; ``num_calls`` / ``num_requests`` count
+    what went out (``num_requests / num_calls`` is the mean batch)."""
+
+    def __init__(self, stub: scheduler_pb2_grpc.SchedulerServiceStub) -> None:
+        self._stub = stub
+        self._pending: list[_Pending] = []
+        self._calls: set[asyncio.Task] = set()
+        self.num_calls = 0
+        self.num_requests = 0
+
+    def submit(self, req: scheduler_pb2.TokenizedGenerateReqInput) -> asyncio.Future[None]:
+        """A future that resolves when the scheduler accepted ``req``, or fails with the
+        ``grpc.aio.AioRpcError`` its own AddRequest would have raised. The call runs on
+        whether or not the caller still waits (the scheduler may hold the request)."""
+        loop = asyncio.get_running_loop()
+        accepted: asyncio.Future[None] = loop.create_future()
+        if not self._pending:
+            loop.call_soon(self._flush)
+        self._pending.append((req, accepted))
+        return accepted
+
+    def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        task = asyncio.ensure_future(self._send(batch))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    async def _send(self, batch: list[_Pending]) -> None:
+        self.num_calls += 1
+        self.num_requests += len(batch)
+        try:
+            ack = await self._stub.AddRequests(
+                scheduler_pb2.AddReqBatch(reqs=[req for req, _ in batch])
+            )
+        except grpc.aio.AioRpcError as exc:  # the whole call failed: so did each request
+            for _, accepted in batch:
+                _settle(accepted, exc)
+            return
+        except BaseException as exc:
+            lost = grpc.aio.AioRpcError(grpc.StatusCode.CANCELLED, details=repr(exc))
+            for _, accepted in batch:
+                _settle(accepted, lost)
+            raise
+        results = list(ack.results)
+        if len(results) != len(batch):
+            logger.error("AddRequests answered %d of %d requests", len(results), len(batch))
+            missing = status_pb2.Status(
+                code=grpc.StatusCode.INTERNAL.value[0], message="no answer for this request"
+            )
+            results += [missing] * (len(batch) - len(results))
+        for (_, accepted), result in zip(batch, results, strict=False):
+            _settle(accepted, None if result.code == 0 else call_error(result))
+
+    async def close(self) -> None:
+        """Wait for the calls in flight (their requests may be held by the scheduler)."""
+        if self._calls:
+            await asyncio.gather(*self._calls, return_exceptions=True)
+
+
+def _settle(accepted: asyncio.Future[None], error: BaseException | None) -> None:
+    if accepted.done():  # cancelled by a caller that stopped waiting
+        return
+    if error is None:
+        accepted.set_result(None)
+    else:
+        accepted.set_exception(error)
