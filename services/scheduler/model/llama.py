@@ -82,9 +82,7 @@ class Attention(nn.Module):
         self.scale = config.head_dim**-0.5
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
-        self.qkv_proj = Linear(
-            config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias
-        )
+        self.qkv_proj = Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
         self.o_proj = Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
@@ -106,9 +104,7 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(
             config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias
         )
-        self.down_proj = Linear(
-            config.intermediate_size, config.hidden_size, bias=config.mlp_bias
-        )
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
