@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 from bench import soak
-from bench.soak_client import Choice, RequestSpec, check_choices, pick_spec
+from bench.soak_client import Choice, RequestSpec, Tally, check_choices, pick_spec
 
 
 def spec(n: int = 1, stop: tuple[str, ...] = ()) -> RequestSpec:
@@ -67,3 +68,24 @@ def test_tiny_soak_counts_every_request_and_leaves_nothing_live(
     # RSS growth is not asserted: 5 s are all warm-up. The verdict must match the criteria.
     assert report["passed"] == all(report["criteria"].values())
     assert code == (0 if report["passed"] else 1)
+
+
+def test_rss_growth_reads_the_floor_not_the_transient_peaks() -> None:
+    """A flat floor with peaks (a step's buffers) is no growth, however the peaks fall;
+    a floor that rises by 8 % is."""
+
+    def timeline(floor_at: Callable[[int], float], peaks: set[int]) -> list[dict[str, float]]:
+        return [
+            {"t_s": float(t)} | dict.fromkeys(soak.RSS_TRACKED, floor_at(t) + 80 * (t in peaks))
+            for t in range(60)
+        ]
+
+    def growth(rows: list[dict[str, float]]) -> float:
+        load = soak.LoadResult(Tally(), window_s=60.0, rss_timeline=rows)
+        return soak.rss_growth(load, 10.0, dict.fromkeys(soak.RSS_TRACKED, 0.0))["engine"]["growth"]
+
+    # Peaks on 3 of the last 5 samples (a median of five would read +7 %), none early.
+    flat = timeline(lambda t: 1120.0, peaks={55, 57, 59})
+    assert growth(flat) == 0.0
+    rising = timeline(lambda t: 1120.0 + 1.6 * t, peaks={11, 13})
+    assert growth(rising) > soak.MAX_RSS_GROWTH
