@@ -9,7 +9,8 @@ return a future resolved when the engine's output carries the answer.
 engine thread itself, or the reader of the engine process): it releases finished rids,
 publishes the gauges, hands the step's counts to ``on_stats`` and its rows to ``sink``
 (which may block: that is how a slow detokenizer stalls the engine), then resolves
-answers. Subclasses say how commands travel (``_put``) and run the engine.
+answers. Commands wait in ``inbox``, a bounded queue; subclasses say who takes them to
+the engine and run it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import itertools
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -47,10 +49,6 @@ from services.scheduler.req import Req
 from services.scheduler.stats import SchedulerStats
 
 RowSink = Callable[[list[OutputRow]], None]
-
-
-class InboxFull(Exception):
-    """``_put`` could not queue the command without waiting."""
 
 
 class LiveRids:
@@ -99,8 +97,11 @@ class EngineClient:
         sink: RowSink,
         on_stats: Callable[[SchedulerStats], None] | None = None,
         on_fatal: Callable[[], None] | None = None,
+        inbox_size: int = 8192,
     ) -> None:
         self.limits = limits
+        # Commands for the engine, in order; ``None`` asks it to stop.
+        self.inbox: queue.Queue[Command | None] = queue.Queue(inbox_size)
         self.sink = sink
         self.on_stats = on_stats
         self.on_fatal = on_fatal  # called once, on the failing thread, if the engine dies
@@ -120,15 +121,17 @@ class EngineClient:
 
     # ---- run by subclasses ---------------------------------------------------------
 
-    def _put(self, command: Command | None) -> None:
-        """Queue ``command`` for the engine without waiting; ``InboxFull`` when it can't."""
-        raise NotImplementedError
-
     def start(self) -> None:
         raise NotImplementedError
 
     def stop(self) -> None:
         raise NotImplementedError
+
+    def _ask_to_stop(self) -> None:
+        """Queue the stop, after every command queued before it (dropped if the inbox is
+        full: the engine is stopped by other means then)."""
+        with contextlib.suppress(queue.Full):
+            self.inbox.put_nowait(None)
 
     def _failed(self, error: BaseException) -> None:
         self.fatal_error = error
@@ -208,8 +211,8 @@ class EngineClient:
         with self._lock:
             self._num_unapplied += 1
         try:
-            self._put(command)
-        except InboxFull:
+            self.inbox.put_nowait(command)
+        except queue.Full:
             with self._lock:
                 self._num_unapplied -= 1
             raise ResourceExhaustedError("scheduler inbox is full, retry later") from None

@@ -25,7 +25,6 @@ Here the gRPC process keeps only the RPC side (``EngineClient``) and the engine 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import logging
 import multiprocessing
@@ -40,7 +39,7 @@ from typing import Any
 
 from services.common.logs import setup_logging
 from services.scheduler.engine_build import SchedulerProcessConfig, build_engine
-from services.scheduler.engine_client import EngineClient, InboxFull, RowSink
+from services.scheduler.engine_client import EngineClient, RowSink
 from services.scheduler.engine_codec import (
     decode_command,
     decode_output,
@@ -112,12 +111,11 @@ class EngineProcess(EngineClient):
         on_fatal: Callable[[], None] | None = None,
         inbox_size: int = 8192,
     ) -> None:
-        super().__init__(limits, sink, on_stats, on_fatal)
+        super().__init__(limits, sink, on_stats, on_fatal, inbox_size)
         self.dtype = dtype  # what the model runs in
         self._process = launch.process
         self._commands = launch.commands
         self._outputs = launch.outputs
-        self._inbox: queue.Queue[Command | None] = queue.Queue(inbox_size)
         self._stopping = False
         self._sender = threading.Thread(target=self._send, name="engine-sender", daemon=True)
         self._reader = threading.Thread(target=self._read, name="engine-reader", daemon=True)
@@ -133,8 +131,7 @@ class EngineProcess(EngineClient):
     def stop(self) -> None:
         """Ask the child to finish (after the commands queued before), then make sure."""
         self._stopping = True
-        with contextlib.suppress(queue.Full):
-            self._inbox.put_nowait(None)
+        self._ask_to_stop()
         self._process.join(STOP_TIMEOUT_S)
         if self._process.is_alive():
             logger.warning("engine process did not stop; killing it")
@@ -142,16 +139,10 @@ class EngineProcess(EngineClient):
             self._process.join(STOP_TIMEOUT_S)
         self._reader.join(STOP_TIMEOUT_S)
 
-    def _put(self, command: Command | None) -> None:
-        try:
-            self._inbox.put_nowait(command)
-        except queue.Full:
-            raise InboxFull from None
-
     def _send(self) -> None:
         try:
             while True:
-                command = self._inbox.get()
+                command = self.inbox.get()
                 self._commands.send_bytes(encode_command(command))
                 if command is None:
                     return

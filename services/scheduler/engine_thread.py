@@ -10,16 +10,13 @@ waits for the other's: the server runs the engine in its own process instead
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
 import threading
 from collections.abc import Callable
 
 from services.scheduler.engine import Scheduler
-from services.scheduler.engine_client import EngineClient, InboxFull, RowSink
+from services.scheduler.engine_client import EngineClient, RowSink
 from services.scheduler.engine_core import EngineCore
-from services.scheduler.engine_messages import Command
 from services.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
@@ -34,9 +31,8 @@ class EngineThread(EngineClient):
         on_stats: Callable[[SchedulerStats], None] | None = None,
         on_fatal: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(scheduler.limits, sink, on_stats, on_fatal)
+        super().__init__(scheduler.limits, sink, on_stats, on_fatal, inbox_size)
         self.scheduler = scheduler
-        self.inbox: queue.Queue[Command | None] = queue.Queue(inbox_size)
         self._core = EngineCore(scheduler, emit=self.handle)
         self._core.publish()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
@@ -47,15 +43,8 @@ class EngineThread(EngineClient):
 
     def stop(self) -> None:
         self._stopped.set()
-        with contextlib.suppress(queue.Full):
-            self.inbox.put_nowait(None)
+        self._ask_to_stop()
         self._thread.join(timeout=10)
-
-    def _put(self, command: Command | None) -> None:
-        try:
-            self.inbox.put_nowait(command)
-        except queue.Full:
-            raise InboxFull from None
 
     def _run(self) -> None:
         try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from services.scheduler.engine import OutputRow
 from services.scheduler.engine_client import EngineClient
-from services.scheduler.engine_messages import Command, EngineLimits, EngineOutput, EngineStats
+from services.scheduler.engine_messages import EngineLimits, EngineOutput, EngineStats
 from services.scheduler.req import FinishInfo
 from tests.scheduler.factories import make_req
 
@@ -15,14 +15,10 @@ LIMITS = EngineLimits(vocab_size=1000, context_length=64, num_kv_tokens=256, max
 
 
 class FakeTransportClient(EngineClient):
-    """Records commands instead of sending them anywhere."""
+    """Leaves commands in its inbox instead of taking them to an engine."""
 
     def __init__(self, sink) -> None:  # type: ignore[no-untyped-def]
         super().__init__(LIMITS, sink)
-        self.sent: list[Command | None] = []
-
-    def _put(self, command: Command | None) -> None:
-        self.sent.append(command)
 
 
 def _row(rid: str, finish: FinishInfo | None) -> OutputRow:
@@ -34,7 +30,7 @@ def test_never_idle_between_an_applied_command_and_its_rows() -> None:
     client = FakeTransportClient(lambda rows: seen_idle.append(client.is_idle))
     assert client.is_idle
     client.add_request(make_req("a", [1, 2, 3], max_new_tokens=1))
-    assert not client.is_idle and len(client.sent) == 1  # queued, not applied
+    assert not client.is_idle and client.inbox.qsize() == 1  # queued, not applied
 
     # The engine applied it and ran a step in one output; its rows are being handed over.
     client.handle(
