@@ -130,12 +130,12 @@ async def serve(config: SchedulerProcessConfig) -> None:
         # An engine that died takes the scheduler down, so its supervisor restarts both.
         loop.call_soon_threadsafe(process.request_stop)
 
-    engine, context, dtype = await start_engine(
+    engine, dtype = await start_engine(
         config, launch, sink=pusher.publish, on_stats=metrics.record, on_fatal=on_fatal
     )
     metrics.track(lambda: engine.stats)
     engine.start()
-    servicer.attach(engine, context, dtype)
+    servicer.attach(engine, engine.limits.context_length, dtype)
     await process.set_ready(True)
 
     async def drain() -> None:
@@ -159,16 +159,14 @@ async def start_engine(
     sink: RowSink,
     on_stats: Callable[[SchedulerStats], None],
     on_fatal: Callable[[], None],
-) -> tuple[EngineClient, int, str]:
+) -> tuple[EngineClient, str]:
     """The engine in its own process (``launch``, from ``--engine process``, the default)
-    or on a thread of this one; returns it with the context length and the dtype the
-    model runs in."""
+    or on a thread of this one; returns it with the dtype the model runs in."""
     if launch is not None:
         engine = await launch.ready(sink, on_stats, on_fatal)
-        return engine, engine.limits.context_length, engine.dtype
+        return engine, engine.dtype
     scheduler, dtype = await asyncio.to_thread(build_engine, config)
-    thread = EngineThread(scheduler, sink, on_stats=on_stats, on_fatal=on_fatal)
-    return thread, scheduler.limits.context_length, dtype
+    return EngineThread(scheduler, sink, on_stats=on_stats, on_fatal=on_fatal), dtype
 
 
 def main() -> None:
