@@ -23,13 +23,9 @@ things make it faster and leaner under serving:
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-logger = logging.getLogger(__name__)
 
 # The dtypes oneDNN packs on any x86 CPU torch supports (fp16 needs AVX512_FP16 or
 # AVX-NE-CONVERT, so it stays on plain F.linear, still through oneDNN, with row buckets).
