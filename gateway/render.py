@@ -194,14 +194,14 @@ def _delta(delta: openai_pb2.ChatDelta) -> out.ChatDelta:
     return out.ChatDelta(**fields)
 
 
-def chat_chunk_to_dict(
+def chat_chunk(
     chunk: openai_pb2.ChatCompletionChunk,
     *,
     include_usage: bool,
     logprobs: bool,
     debug: bool = False,
-) -> dict[str, Any]:
-    """One `chat.completion.chunk` SSE payload."""
+) -> out.ChatCompletionChunk:
+    """One `chat.completion.chunk` SSE payload (the stream writes the model straight to JSON)."""
     choices = [
         out.ChatChunkChoice(
             index=c.index,
@@ -221,7 +221,7 @@ def chat_chunk_to_dict(
         choices=choices,
         **_extras(chunk, include_usage=include_usage, debug=debug),
         **_token_ids(chunk, "prompt_token_ids"),
-    ).dump()
+    )
 
 
 def _response_message(message: openai_pb2.ChatResponseMessage) -> out.ChatMessage:
@@ -272,6 +272,18 @@ def completion_to_dict(
     debug: bool = False,
 ) -> dict[str, Any]:
     """A `text_completion` object: the whole response or one streamed chunk."""
+    model = text_completion(completion, include_usage=include_usage, logprobs=logprobs, debug=debug)
+    return model.dump()
+
+
+def text_completion(
+    completion: openai_pb2.Completion | openai_pb2.CompletionChunk,
+    *,
+    include_usage: bool,
+    logprobs: bool,
+    debug: bool = False,
+) -> out.Completion:
+    """``completion_to_dict``'s model: the stream writes it straight to JSON."""
     choices = [
         out.CompletionChoice(
             index=c.index,
@@ -291,7 +303,7 @@ def completion_to_dict(
         model=completion.model,
         choices=choices,
         **_extras(completion, include_usage=include_usage, debug=debug),
-    ).dump()
+    )
 
 
 def _model(model: openai_pb2.Model) -> out.Model:

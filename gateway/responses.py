@@ -15,25 +15,30 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 
-class _Out(BaseModel):
+class JsonBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     def dump(self) -> dict[str, Any]:
         """The JSON body: every field render.py set (``None`` → null), no others."""
         return self.model_dump(exclude_unset=True)
 
+    def dump_json(self) -> bytes:
+        """``dump()`` as UTF-8 JSON, serialised by pydantic-core in one call: a streamed
+        frame is written this way, 2 µs where ``json.dumps(dump())`` took 6."""
+        return self.__pydantic_serializer__.to_json(self, exclude_unset=True)
+
 
 # ---- errors --------------------------------------------------------------------------
 
 
-class ErrorObject(_Out):
+class ErrorObject(JsonBody):
     message: str
     type: str = Field(description="follows the HTTP status, e.g. invalid_request_error")
     param: str | None = Field(description="the request field at fault, when one is")
     code: str | None = Field(description="the gRPC status name in lower case, or a gateway code")
 
 
-class ErrorResponse(_Out):
+class ErrorResponse(JsonBody):
     """Every failure, whatever the status; a stream that fails mid-way sends it as a frame."""
 
     error: ErrorObject
@@ -42,15 +47,15 @@ class ErrorResponse(_Out):
 # ---- shared pieces -------------------------------------------------------------------
 
 
-class PromptTokensDetails(_Out):
+class PromptTokensDetails(JsonBody):
     cached_tokens: int
 
 
-class CompletionTokensDetails(_Out):
+class CompletionTokensDetails(JsonBody):
     reasoning_tokens: int = Field(description="completion tokens up to the end of reasoning")
 
 
-class Usage(_Out):
+class Usage(JsonBody):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
@@ -60,7 +65,7 @@ class Usage(_Out):
     )
 
 
-class TopLogprob(_Out):
+class TopLogprob(JsonBody):
     token: str
     logprob: float
     bytes: list[int]
@@ -70,7 +75,7 @@ class TokenLogprob(TopLogprob):
     top_logprobs: list[TopLogprob]
 
 
-class ChatLogprobs(_Out):
+class ChatLogprobs(JsonBody):
     content: list[TokenLogprob]
     refusal: None
 
@@ -90,18 +95,18 @@ _PROMPT_TOKEN_IDS = Field(
 )
 
 
-class ToolCallFunction(_Out):
+class ToolCallFunction(JsonBody):
     name: str
     arguments: str
 
 
-class ToolCall(_Out):
+class ToolCall(JsonBody):
     id: str
     type: str
     function: ToolCallFunction
 
 
-class Debug(_Out):
+class Debug(JsonBody):
     """A request's stamps (see StageTimes) and its stages in milliseconds."""
 
     times: dict[str, float]
@@ -115,7 +120,7 @@ _DEBUG = Field(
 )
 
 
-class _Header(_Out):
+class _Header(JsonBody):
     id: str
     object: str  # each response narrows it to its Literal, in this position
     created: int
@@ -125,7 +130,7 @@ class _Header(_Out):
 # ---- chat ----------------------------------------------------------------------------
 
 
-class ChatMessage(_Out):
+class ChatMessage(JsonBody):
     role: str
     content: str | None
     refusal: None
@@ -134,7 +139,7 @@ class ChatMessage(_Out):
     tool_calls: list[ToolCall] | None = None
 
 
-class ChatChoice(_Out):
+class ChatChoice(JsonBody):
     index: int
     message: ChatMessage
     logprobs: ChatLogprobs | None
@@ -143,7 +148,7 @@ class ChatChoice(_Out):
     token_ids: list[int] | None = _TOKEN_IDS
 
 
-class PromptLogprob(_Out):
+class PromptLogprob(JsonBody):
     """vLLM's Logprob, in a prompt_logprobs entry."""
 
     logprob: float
@@ -168,19 +173,19 @@ class ChatCompletion(_Header):
     prompt_token_ids: list[int] | None = _PROMPT_TOKEN_IDS
 
 
-class ToolCallFunctionDelta(_Out):
+class ToolCallFunctionDelta(JsonBody):
     name: str | None = None
     arguments: str
 
 
-class ToolCallDelta(_Out):
+class ToolCallDelta(JsonBody):
     index: int
     id: str | None = None
     type: str | None = None
     function: ToolCallFunctionDelta
 
 
-class ChatDelta(_Out):
+class ChatDelta(JsonBody):
     role: str | None = None
     content: str | None = None
     reasoning_content: str | None = None
@@ -188,7 +193,7 @@ class ChatDelta(_Out):
     tool_calls: list[ToolCallDelta] | None = None
 
 
-class ChatChunkChoice(_Out):
+class ChatChunkChoice(JsonBody):
     index: int
     delta: ChatDelta
     logprobs: ChatLogprobs | None
@@ -211,7 +216,7 @@ class ChatCompletionChunk(_Header):
 # ---- completions ---------------------------------------------------------------------
 
 
-class CompletionLogprobs(_Out):
+class CompletionLogprobs(JsonBody):
     tokens: list[str]
     token_logprobs: list[float | None] = Field(
         description="null for the first prompt token (echo): nothing precedes it"
@@ -220,7 +225,7 @@ class CompletionLogprobs(_Out):
     text_offset: list[int]
 
 
-class CompletionChoice(_Out):
+class CompletionChoice(JsonBody):
     index: int
     text: str
     logprobs: CompletionLogprobs | None
@@ -244,7 +249,7 @@ class Completion(_Header):
 # ---- models, native, ops -------------------------------------------------------------
 
 
-class Model(_Out):
+class Model(JsonBody):
     id: str
     object: Literal["model"]
     created: int
@@ -257,7 +262,7 @@ class Model(_Out):
     )
 
 
-class ModelList(_Out):
+class ModelList(JsonBody):
     object: Literal["list"]
     data: list[Model]
 
@@ -269,7 +274,7 @@ class ModelList(_Out):
 LogprobTriple = tuple[float | None, int, str | None]
 
 
-class GenerateFinishReason(_Out):
+class GenerateFinishReason(JsonBody):
     """SGLang's finish reason: what matched for a stop (EOS or stop token id, or the stop
     string), the token count for a length stop, the reason for an abort."""
 
@@ -279,7 +284,7 @@ class GenerateFinishReason(_Out):
     message: str | None = Field(default=None, description="abort only: why")
 
 
-class GenerateMetaInfo(_Out):
+class GenerateMetaInfo(JsonBody):
     id: str = Field(description="the client's id for this output (rid, or X-Request-Id)")
     finish_reason: GenerateFinishReason | None = Field(description="null until it finishes")
     prompt_tokens: int
@@ -303,7 +308,7 @@ class GenerateMetaInfo(_Out):
     input_top_logprobs: list[list[LogprobTriple] | None] | None = None
 
 
-class GenerateOutput(_Out):
+class GenerateOutput(JsonBody):
     """One prompt's (or choice's) output. Streaming sends one per SSE frame with the
     text, ids and logprobs so far (cumulative, SGLang's default), `index` when the
     request was a batch."""
@@ -319,22 +324,22 @@ class GenerateResponse(RootModel[GenerateOutput | list[GenerateOutput]]):
     prompt) for a batch or n > 1, as SGLang answers."""
 
 
-class TokenizeResponse(_Out):
+class TokenizeResponse(JsonBody):
     tokens: list[int]
     count: int
     max_model_len: int
     token_strs: list[str] | None = Field(default=None, description="only with return_token_strs")
 
 
-class DetokenizeResponse(_Out):
+class DetokenizeResponse(JsonBody):
     prompt: str
 
 
-class VersionResponse(_Out):
+class VersionResponse(JsonBody):
     version: str
 
 
-class ModelInfoResponse(_Out):
+class ModelInfoResponse(JsonBody):
     """SGLang's /get_model_info keys, plus what tokenline knows of the served model."""
 
     model_path: str
@@ -346,7 +351,7 @@ class ModelInfoResponse(_Out):
     vocab_size: int
 
 
-class ServiceInfo(_Out):
+class ServiceInfo(JsonBody):
     """One service: where it is, its Prometheus scrape target, and its own GetInfo."""
 
     address: str
@@ -358,7 +363,7 @@ class ServiceInfo(_Out):
     )
 
 
-class ServerInfoResponse(_Out):
+class ServerInfoResponse(JsonBody):
     """SGLang's /get_server_info, tokenline's way: each service's GetInfo in one body."""
 
     version: str
@@ -369,23 +374,23 @@ class ServerInfoResponse(_Out):
     detokenizer: ServiceInfo
 
 
-class SchedulerFlushResponse(_Out):
+class SchedulerFlushResponse(JsonBody):
     address: str
     flushed: bool
     num_running: int
     num_waiting: int
 
 
-class FlushCacheResponse(_Out):
+class FlushCacheResponse(JsonBody):
     """200 when every scheduler flushed; 400 (an ErrorResponse) when one refused."""
 
     success: bool
     schedulers: list[SchedulerFlushResponse]
 
 
-class AbortResponse(_Out):
+class AbortResponse(JsonBody):
     num_aborted: int = Field(description="live requests an abort was sent for (0: none matched)")
 
 
-class HealthResponse(_Out):
+class HealthResponse(JsonBody):
     status: Literal["ok"]

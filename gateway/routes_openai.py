@@ -14,11 +14,12 @@ from gateway.errors import GatewayError
 from gateway.extra_fields import check_extra_fields
 from gateway.openapi import GENERATION_ERRORS, READ_ERRORS, responses
 from gateway.render import (
-    chat_chunk_to_dict,
+    chat_chunk,
     chat_completion_to_dict,
     completion_to_dict,
     model_list_to_dict,
     model_to_dict,
+    text_completion,
 )
 from gateway.responses import ChatCompletion, ChatCompletionChunk, Completion, Model, ModelList
 from gateway.schemas import ChatCompletionBody, CompletionBody, SharedRequestBody
@@ -60,7 +61,7 @@ async def chat_completions(body: ChatCompletionBody, request: Request) -> Respon
         start_stream=partial(client.stub.ChatCompletionStream, proto, **options),
         start_unary=partial(client.stub.ChatCompletion, proto, **options),
         render_frame=partial(
-            chat_chunk_to_dict,
+            chat_chunk,
             include_usage=_include_usage(body),
             logprobs=body.logprobs,
             debug=debug,
@@ -82,20 +83,19 @@ async def completions(body: CompletionBody, request: Request) -> Response:
     rid: str = request.state.request_id
     check_extra_fields(body)
     proto = completion_request_to_proto(body, rid)
-    render = partial(
-        completion_to_dict,
-        include_usage=_include_usage(body),
-        logprobs=body.logprobs is not None,
-        debug=_wants_debug(request),
-    )
+    shape = {
+        "include_usage": _include_usage(body),
+        "logprobs": body.logprobs is not None,
+        "debug": _wants_debug(request),
+    }
     options = client.options(rid)
     return await respond(
         request,
         stream=body.stream,
         start_stream=partial(client.stub.CompletionStream, proto, **options),
         start_unary=partial(client.stub.Completion, proto, **options),
-        render_frame=render,
-        render_whole=render,
+        render_frame=partial(text_completion, **shape),
+        render_whole=partial(completion_to_dict, **shape),
     )
 
 

@@ -21,16 +21,20 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.client import until_disconnected
 from gateway.errors import GatewayError, from_rpc_error
+from gateway.responses import JsonBody
 
 logger = logging.getLogger(__name__)
 
 DONE_FRAME = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-Render = Callable[[Any], dict[str, Any]]
+Render = Callable[[Any], dict[str, Any] | JsonBody]
 
 
-def sse_frame(payload: dict[str, Any]) -> bytes:
+def sse_frame(payload: dict[str, Any] | JsonBody) -> bytes:
+    """One ``data:`` frame; a response model serialises itself (the per-token path)."""
+    if isinstance(payload, JsonBody):
+        return b"data: " + payload.dump_json() + b"\n\n"
     text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return b"data: " + text.encode("utf-8") + b"\n\n"
 

@@ -16,9 +16,10 @@ from gateway.convert import (
 )
 from gateway.errors import GatewayError, error_body, param_from_loc
 from gateway.render import (
-    chat_chunk_to_dict,
+    chat_chunk,
     chat_completion_to_dict,
     completion_to_dict,
+    text_completion,
     usage_to_dict,
 )
 from gateway.schemas import ChatCompletionBody, CompletionBody, GenerateBody
@@ -93,12 +94,12 @@ def test_chunk_nulls_follow_openai() -> None:
     chunk = openai_pb2.ChatCompletionChunk(
         id="c", choices=[openai_pb2.ChatChunkChoice(delta=openai_pb2.ChatDelta(content="x"))]
     )
-    plain = chat_chunk_to_dict(chunk, include_usage=False, logprobs=False)
+    plain = chat_chunk(chunk, include_usage=False, logprobs=False).dump()
     assert "usage" not in plain
     choice = plain["choices"][0]
     assert choice["delta"] == {"content": "x"}
     assert choice["finish_reason"] is None and choice["logprobs"] is None
-    assert chat_chunk_to_dict(chunk, include_usage=True, logprobs=False)["usage"] is None
+    assert chat_chunk(chunk, include_usage=True, logprobs=False).dump()["usage"] is None
     assert plain["object"] == "chat.completion.chunk" and plain["created"] > 0
 
 
@@ -107,7 +108,7 @@ def test_tool_call_delta_and_message_shapes() -> None:
     chunk = openai_pb2.ChatCompletionChunk(
         choices=[openai_pb2.ChatChunkChoice(delta=openai_pb2.ChatDelta(tool_calls=[call]))]
     )
-    delta = chat_chunk_to_dict(chunk, include_usage=False, logprobs=False)["choices"][0]["delta"]
+    delta = chat_chunk(chunk, include_usage=False, logprobs=False).dump()["choices"][0]["delta"]
     assert delta == {"tool_calls": [{"index": 1, "function": {"arguments": '{"a"'}}]}
     full = openai_pb2.ToolCall(
         id="c1", function=openai_pb2.ToolCallFunction(name="f", arguments="{}")
@@ -153,7 +154,7 @@ def test_reasoning_effort_and_reasoning_shapes() -> None:
     chunk = openai_pb2.ChatCompletionChunk(
         choices=[openai_pb2.ChatChunkChoice(delta=openai_pb2.ChatDelta(reasoning_content="think"))]
     )
-    delta = chat_chunk_to_dict(chunk, include_usage=False, logprobs=False)["choices"][0]["delta"]
+    delta = chat_chunk(chunk, include_usage=False, logprobs=False).dump()["choices"][0]["delta"]
     assert delta == {"reasoning_content": "think", "reasoning": "think"}
 
 
@@ -161,7 +162,7 @@ def test_non_finite_logprobs_stay_valid_json() -> None:
     entry = openai_pb2.LogprobEntry(token="a", logprob=float("-inf"))
     choice = openai_pb2.ChatChunkChoice(logprobs=openai_pb2.ChoiceLogprobs(content=[entry]))
     chunk = openai_pb2.ChatCompletionChunk(choices=[choice])
-    frame = sse_frame(chat_chunk_to_dict(chunk, include_usage=False, logprobs=True))
+    frame = sse_frame(chat_chunk(chunk, include_usage=False, logprobs=True))
     payload = json.loads(frame.removeprefix(b"data: "))
     assert payload["choices"][0]["logprobs"]["content"][0]["logprob"] == -9999.0
 
@@ -305,3 +306,25 @@ def test_prompt_logprobs_render_as_vllm_and_echo_starts_with_null() -> None:
     assert "prompt_logprobs" not in plain["choices"][0]
     chat = openai_pb2.ChatCompletion(prompt_logprobs=[first, second])
     assert chat_completion_to_dict(chat, logprobs=False)["prompt_logprobs"][0] is None
+
+
+def test_a_streamed_model_frame_says_what_its_dict_frame_says() -> None:
+    """Streams write response models with pydantic-core, the rest goes through json.dumps:
+    the same keys and values (nulls kept, unset fields left out), UTF-8 unescaped."""
+    entry = openai_pb2.LogprobEntry(token="é", logprob=-1e-05, bytes=b"\xc3\xa9")
+    choice = openai_pb2.ChatChunkChoice(
+        index=0, logprobs=openai_pb2.ChoiceLogprobs(content=[entry])
+    )
+    choice.delta.content = "héllo ✓"
+    chunk = openai_pb2.ChatCompletionChunk(id="c1", model="m", created=7, choices=[choice])
+    model = chat_chunk(chunk, include_usage=True, logprobs=True)
+    completion = openai_pb2.CompletionChunk(id="c2", model="m", created=7)
+    completion.choices.add(index=1, text="日本", finish_reason="stop", matched_token_id=2)
+    text = text_completion(completion, include_usage=False, logprobs=False)
+    for rendered in (model, text):
+        frame = sse_frame(rendered)
+        assert frame.startswith(b"data: {") and frame.endswith(b"}\n\n")
+        assert json.loads(frame[6:]) == json.loads(sse_frame(rendered.dump())[6:])
+    assert "héllo ✓".encode() in sse_frame(model) and b"\\u" not in sse_frame(model)
+    assert json.loads(sse_frame(model)[6:])["usage"] is None
+    assert json.loads(sse_frame(text)[6:])["choices"][0]["stop_reason"] == 2

@@ -320,7 +320,7 @@ def test_render_failure_mid_stream_is_an_error_frame(
     def broken(*_: object, **__: object) -> dict[str, object]:
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(routes_openai, "chat_chunk_to_dict", broken)
+    monkeypatch.setattr(routes_openai, "chat_chunk", broken)
     resp = httpx.post(f"{gateway_url}/v1/chat/completions", json=CHAT | {"stream": True})
     assert resp.status_code == 200 and "secret" not in resp.text
     assert resp.text.startswith('data: {"error":') and "[DONE]" not in resp.text

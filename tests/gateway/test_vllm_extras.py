@@ -12,7 +12,7 @@ from tokenline.v1 import openai_pb2
 from gateway.convert import chat_request_to_proto, completion_request_to_proto
 from gateway.errors import GatewayError
 from gateway.extra_fields import check_extra_fields
-from gateway.render import chat_chunk_to_dict, chat_completion_to_dict, completion_to_dict
+from gateway.render import chat_chunk, chat_completion_to_dict, completion_to_dict
 from gateway.schemas import ChatCompletionBody, CompletionBody
 
 EXTRAS = ("add_special_tokens", "truncate_prompt_tokens", "priority")
@@ -92,7 +92,7 @@ def test_token_ids_render_where_vllm_puts_them_and_only_when_filled() -> None:
     assert whole["choices"][0]["stop_reason"] is None  # no matched stop set: EOS or none
     chunk = openai_pb2.ChatCompletionChunk(id="c", model="m", prompt_token_ids=[5])
     chunk.choices.add(index=0).token_ids.extend([9])
-    frame = chat_chunk_to_dict(chunk, include_usage=False, logprobs=False)
+    frame = chat_chunk(chunk, include_usage=False, logprobs=False).dump()
     assert frame["prompt_token_ids"] == [5] and frame["choices"][0]["token_ids"] == [9]
     text = openai_pb2.Completion(id="t", model="m")
     text.choices.add(index=0, text="x", token_ids=[3], prompt_token_ids=[2])
