@@ -58,17 +58,22 @@ def plot_compare(summaries: dict[str, dict[str, Any]], title: str, path: Path) -
 
 
 def plot_sweep(cells: list[dict[str, Any]], title: str, path: Path) -> None:
-    """Output tok/s against concurrency: one panel per (dtype setting, temperature)."""
+    """Output tok/s against concurrency: one panel per (dtype setting, temperature); with
+    several rounds, the median line over every round's points."""
     panels = sorted({(c["setting"], c["temperature"]) for c in cells}, key=str)
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4.2), squeeze=False)
     for ax, (setting, temp) in zip(axes[0], panels, strict=True):
         for server in sorted({c["server"] for c in cells}):
-            mine = sorted(
-                (c["concurrency"], c["output_tok_s"])
-                for c in cells
-                if (c["setting"], c["temperature"], c["server"]) == (setting, temp, server)
-            )
-            ax.plot([m[0] for m in mine], [m[1] for m in mine], marker="o", label=server)
+            by_conc: dict[int, list[float]] = {}
+            for c in cells:
+                if (c["setting"], c["temperature"], c["server"]) == (setting, temp, server):
+                    by_conc.setdefault(c["concurrency"], []).append(c["output_tok_s"])
+            concs = sorted(by_conc)
+            line = ax.plot(concs, [np.median(by_conc[x]) for x in concs], marker="o", label=server)[
+                0
+            ]
+            for x in concs:
+                ax.scatter([x] * len(by_conc[x]), by_conc[x], s=10, color=line.get_color())
         ax.set_xscale("log", base=2)
         ax.set(title=f"{setting}, T={temp}", xlabel="concurrency", ylabel="output tok/s")
         ax.legend(fontsize="small")

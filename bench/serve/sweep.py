@@ -9,12 +9,17 @@ other starts (never both at once: they would share the cores). Concurrency C sen
 for the stage breakdown, so its ``dispatch`` stage (routing + AddRequest hop) is
 reported per cell. Ratios are tokenline / transformers.
 
+``--rounds N`` repeats all of it N times, the server that goes first alternating, and
+reports each cell's median over rounds with every round's own ratio beside it: on a
+shared machine one run of a cell moves by up to a third, the peer's as much as ours.
+
 Writes ``bench/results/serve-sweep.json`` and ``.png``, and prints the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from dataclasses import replace
@@ -60,6 +65,12 @@ def create_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenline-args", default="", help="extra scheduler flags, one string")
     p.add_argument("--transformers-args", default="", help="extra `transformers serve` flags")
     p.add_argument("--start-timeout", type=float, default=600.0)
+    p.add_argument(
+        "--rounds",
+        type=cli.positive_int,
+        default=1,
+        help="repeat the whole sweep, alternating which server goes first; medians reported",
+    )
     cli.add_dataset_flags(p)
     p.set_defaults(input_len=128, output_len=64)
     g = p.add_argument_group("load")
@@ -153,27 +164,45 @@ def cell_line(c: dict[str, Any]) -> str:
 
 
 def ratio_rows(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """tokenline / transformers for each (setting, temperature, concurrency)."""
-    by_key = {(c["server"], c["setting"], c["temperature"], c["concurrency"]): c for c in cells}
+    """tokenline / transformers for each (setting, temperature, concurrency): the ratio of
+    each round's pair (a cell without ``round`` is round 0), and medians over rounds."""
+    by_key: dict[tuple, dict[int, dict[str, Any]]] = {}
+    for c in cells:
+        key = (c["server"], c["setting"], c["temperature"], c["concurrency"])
+        by_key.setdefault(key, {})[c.get("round", 0)] = c
     rows = []
     for (server, setting, temp, conc), ours in by_key.items():
-        theirs = by_key.get(("transformers", setting, temp, conc))
-        if server != "tokenline" or theirs is None:
+        theirs = by_key.get(("transformers", setting, temp, conc), {})
+        rounds = sorted(set(ours) & set(theirs))
+        if server != "tokenline" or not rounds:
             continue
+        pairs = [(ours[r], theirs[r]) for r in rounds]
+        round_ratios = [_ratio(a["output_tok_s"], b["output_tok_s"]) for a, b in pairs]
         rows.append(
             {
                 "setting": setting,
                 "temperature": temp,
                 "concurrency": conc,
-                "tokenline_tok_s": ours["output_tok_s"],
-                "transformers_tok_s": theirs["output_tok_s"],
-                "throughput_ratio": _ratio(ours["output_tok_s"], theirs["output_tok_s"]),
-                "ttft_p50_ratio": _ratio(ours["ttft_p50_ms"], theirs["ttft_p50_ms"]),
-                "tokenline_dispatch_p50_ms": ours["dispatch_p50_ms"],
-                "tokenline_steady_dispatch_p50_ms": ours["steady_dispatch_p50_ms"],
+                "rounds": len(rounds),
+                "tokenline_tok_s": _median([a["output_tok_s"] for a, _ in pairs]),
+                "transformers_tok_s": _median([b["output_tok_s"] for _, b in pairs]),
+                "throughput_ratio": _median(round_ratios),
+                "round_throughput_ratios": round_ratios,
+                "ttft_p50_ratio": _median(
+                    [_ratio(a["ttft_p50_ms"], b["ttft_p50_ms"]) for a, b in pairs]
+                ),
+                "tokenline_dispatch_p50_ms": _median([a["dispatch_p50_ms"] for a, _ in pairs]),
+                "tokenline_steady_dispatch_p50_ms": _median(
+                    [a["steady_dispatch_p50_ms"] for a, _ in pairs]
+                ),
             }
         )
     return rows
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -182,14 +211,17 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def table_lines(rows: list[dict[str, Any]]) -> list[str]:
     head = f"{'setting':<10}{'T':>5}{'C':>5}{'tokenline':>11}{'transformers':>14}"
-    lines = [head + f"{'tok/s ×':>9}{'TTFT p50 ×':>12}{'dispatch p50 all/steady':>26}"]
+    lines = [
+        head + f"{'tok/s ×':>9}{'TTFT p50 ×':>12}{'dispatch p50 all/steady':>26}  rounds (tok/s ×)"
+    ]
     for r in rows:
         d, steady = r["tokenline_dispatch_p50_ms"], r["tokenline_steady_dispatch_p50_ms"]
+        each = ", ".join("-" if x is None else f"{x:.2f}" for x in r["round_throughput_ratios"])
         lines.append(
             f"{r['setting']:<10}{r['temperature']:>5}{r['concurrency']:>5}"
             f"{r['tokenline_tok_s']:>11.1f}{r['transformers_tok_s']:>14.1f}"
             f"{_fmt(r['throughput_ratio'], 9)}{_fmt(r['ttft_p50_ratio'], 12)}"
-            f"{_ms(d):>14}{_ms(steady):>12}"
+            f"{_ms(d):>14}{_ms(steady):>12}  {each}"
         )
     return lines
 
@@ -211,10 +243,13 @@ def main(argv: list[str]) -> int:
     print(f"machine: {describe(machine)}", flush=True)
     cells: list[dict[str, Any]] = []
     try:
-        for setting in args.settings:
-            for server_cls in SERVERS:
-                if server_cls.label in args.servers:
-                    cells += run_server_cells(server_cls, setting, args, device, log_dir)
+        for round_index in range(args.rounds):
+            order = SERVERS if round_index % 2 == 0 else SERVERS[::-1]
+            for setting in args.settings:
+                for server_cls in order:
+                    if server_cls.label in args.servers:
+                        run = run_server_cells(server_cls, setting, args, device, log_dir)
+                        cells += [c | {"round": round_index} for c in run]
     except ServerStartError as exc:
         print(f"sweep failed: {exc}", file=sys.stderr)
         return 2
@@ -227,7 +262,8 @@ def main(argv: list[str]) -> int:
         "device": device,
         "input_len": args.input_len,
         "output_len": args.output_len,
-        "ratio": "tokenline / transformers",
+        "rounds": args.rounds,
+        "ratio": "tokenline / transformers, median over rounds",
         "ratios": rows,
         "cells": cells,
     }

@@ -59,3 +59,25 @@ def test_ratios_pair_the_same_setting_temperature_and_concurrency() -> None:
 def test_each_server_runs_at_its_own_default_or_the_named_dtype() -> None:
     assert server_dtype("defaults") == "auto"
     assert server_dtype("float32") == "float32"
+
+
+def test_rounds_pair_within_a_round_and_report_medians() -> None:
+    """Each round's tokenline cell is divided by the same round's peer cell (not by a
+    median of the peer), and the row reports the median of those ratios."""
+    cells = [
+        cell("tokenline", "defaults", 1.0, 32, tok_s, 100.0) | {"round": r}
+        for r, tok_s in enumerate([900.0, 600.0, 1000.0])
+    ] + [
+        cell("transformers", "defaults", 1.0, 32, tok_s, 400.0) | {"round": r}
+        for r, tok_s in enumerate([300.0, 400.0, 400.0])
+    ]
+    (row,) = ratio_rows(cells)
+    assert row["rounds"] == 3
+    assert row["round_throughput_ratios"] == pytest.approx([3.0, 1.5, 2.5])
+    assert row["throughput_ratio"] == pytest.approx(2.5)  # not 900 / 400
+    assert row["tokenline_tok_s"] == pytest.approx(900.0)
+    assert row["transformers_tok_s"] == pytest.approx(400.0)
+    assert "3.00, 1.50, 2.50" in table_lines([row])[1]
+    # A round the peer did not finish has no pair: it is left out, not divided by None.
+    (partial,) = ratio_rows(cells[:3] + cells[3:5])
+    assert partial["round_throughput_ratios"] == pytest.approx([3.0, 1.5])
