@@ -39,6 +39,7 @@ import httpx
 import openai
 
 from bench.machine import describe, machine_info
+from bench.procs import SERVICES, read_rss_mib, stack_pids
 from bench.soak_client import MAX_N, UNEXPECTED, Outcome, Tally, client_loop
 from services.common.default_model import ensure_default_model
 from services.launch import LocalStack, StackPorts
@@ -47,7 +48,6 @@ from services.scheduler.model.dtype import AUTO, DTYPES
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "tokenline-tiny"
 RESULTS = REPO_ROOT / "bench" / "results"
-SERVICES = ("gateway", "frontend", "scheduler", "detokenizer")
 # RSS is tracked for each service and for the scheduler's engine process (its child).
 RSS_TRACKED = (*SERVICES, "engine")
 MAX_RSS_GROWTH = 0.05
@@ -59,29 +59,8 @@ RSS_EVERY_S = 1.0
 RSS_WINDOW_S = 5.0
 
 
-def read_rss_mib(pid: int) -> float:
-    """VmRSS of one process (0.0 once it is gone)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0.0
-    for line in status.splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def child_pids(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
 def rss_of(stack: LocalStack) -> dict[str, float]:
-    rss = {name: read_rss_mib(stack.procs[name].pid) for name in SERVICES}
-    engine = child_pids(stack.procs["scheduler"].pid)  # none with --engine thread
-    return {**rss, "engine": sum(read_rss_mib(pid) for pid in engine)}
+    return {name: sum(map(read_rss_mib, pids)) for name, pids in stack_pids(stack).items()}
 
 
 def wait_for_idle(stack: LocalStack, limit_s: float) -> tuple[dict[str, int], float]:

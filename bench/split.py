@@ -19,15 +19,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from bench.machine import describe, machine_info
+from bench.procs import cpu_seconds, stack_pids
 from bench.serve.client import new_session
 from bench.serve.report import write_json
 from services.common.sampling_params import SamplingParams
@@ -62,8 +65,38 @@ def prompts(num: int, length: int, seed: int) -> list[list[int]]:
     return [[0, *(rng.randrange(1000, 30_000) for _ in range(length - 1))] for _ in range(num)]
 
 
-def run_engine(scheduler: Scheduler, ids: list[list[int]], out_len: int, temp: float) -> float:
-    """Output tokens/s of the engine alone on these prompts, submitted together."""
+@dataclass(slots=True)
+class Round:
+    """One run of a cell: output tokens/s, and CPU microseconds per output token of each
+    process that took part (the engine alone: this process; the stack: its services, the
+    engine process and this process as the load generator)."""
+
+    tok_s: float
+    cpu_us_per_token: dict[str, float]
+
+
+class CpuMeter:
+    """CPU seconds of a set of processes between ``start`` and ``stop``."""
+
+    def __init__(self, pids: dict[str, list[int]]) -> None:
+        self.pids = pids
+        self._start: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        return {name: sum(map(cpu_seconds, pids)) for name, pids in self.pids.items()}
+
+    def start(self) -> None:
+        self._start = self._now()
+
+    def per_token_us(self, tokens: int) -> dict[str, float]:
+        end = self._now()
+        return {name: (end[name] - self._start[name]) / tokens * 1e6 for name in end}
+
+
+def run_engine(scheduler: Scheduler, ids: list[list[int]], out_len: int, temp: float) -> Round:
+    """The engine alone on these prompts, submitted together."""
+    meter = CpuMeter({"engine": [os.getpid()]})
+    meter.start()
     start = time.perf_counter()
     for i, prompt in enumerate(ids):
         params = SamplingParams(temperature=temp, max_new_tokens=out_len, ignore_eos=True)
@@ -72,21 +105,30 @@ def run_engine(scheduler: Scheduler, ids: list[list[int]], out_len: int, temp: f
     while scheduler.has_work:
         produced += sum(len(row.new_token_ids) for row in scheduler.step())
     elapsed = time.perf_counter() - start
+    cpu = meter.per_token_us(produced)
     scheduler.flush_cache()  # the next round must not start from a warm prefix cache
-    return produced / elapsed
+    return Round(produced / elapsed, cpu)
 
 
-async def run_stack(base_url: str, ids: list[list[int]], out_len: int, temp: float) -> float:
-    """Output tokens/s of the same requests streamed through the gateway.
+def run_stack(stack: LocalStack, ids: list[list[int]], out_len: int, temp: float) -> Round:
+    """The same requests streamed through the gateway."""
+    meter = CpuMeter(stack_pids(stack) | {"load generator": [os.getpid()]})
+    meter.start()
+    start = time.perf_counter()
+    tokens = asyncio.run(stream_all(stack.base_url, ids, out_len, temp))
+    elapsed = time.perf_counter() - start
+    return Round(tokens / elapsed, meter.per_token_us(tokens))
+
+
+async def stream_all(base_url: str, ids: list[list[int]], out_len: int, temp: float) -> int:
+    """Output tokens of the requests, all streamed at once.
 
     aiohttp, as ``bench.serve``: the load generator shares the two cores with the stack,
     and httpx's pure-Python parsing of 4,096 frames cost more CPU than the detokenizer.
     """
     async with new_session(len(ids), timeout_s=600) as client:
-        start = time.perf_counter()
         counts = await asyncio.gather(*(_stream(client, base_url, p, out_len, temp) for p in ids))
-        elapsed = time.perf_counter() - start
-    return sum(counts) / elapsed
+    return sum(counts)
 
 
 async def _stream(
@@ -113,35 +155,56 @@ async def _stream(
     return tokens
 
 
-def measure(args: argparse.Namespace, scheduler: Scheduler, base_url: str) -> list[dict]:
+def measure(args: argparse.Namespace, scheduler: Scheduler, stack: LocalStack) -> list[dict]:
     cells = []
     for temp in args.temperatures:
         for c in args.concurrency:
-            engine, stack = [], []
+            engine, through_stack = [], []
             for r in range(args.rounds):
                 ids = prompts(c, args.input_len, seed=r)
                 engine.append(run_engine(scheduler, ids, args.output_len, temp))
-                stack.append(asyncio.run(run_stack(base_url, ids, args.output_len, temp)))
-            cell = _cell(temp, c, engine, stack)
+                through_stack.append(run_stack(stack, ids, args.output_len, temp))
+            cell = _cell(temp, c, engine, through_stack)
             print(
                 f"T={temp:<4} C={c:<4} engine {cell['engine_tok_s']:8.1f} tok/s  stack "
                 f"{cell['stack_tok_s']:8.1f} tok/s  ratio {cell['ratio']:.2f} "
                 f"(rounds {', '.join(f'{x:.2f}' for x in cell['round_ratios'])})",
                 flush=True,
             )
+            print(f"    {cpu_line(cell)}", flush=True)
             cells.append(cell)
     return cells
 
 
-def _cell(temp: float, c: int, engine: list[float], stack: list[float]) -> dict[str, Any]:
+def _cell(temp: float, c: int, engine: list[Round], stack: list[Round]) -> dict[str, Any]:
+    ratios = [s.tok_s / e.tok_s for s, e in zip(stack, engine, strict=True)]
     return {
         "temperature": temp,
         "concurrency": c,
-        "engine_tok_s": statistics.median(engine),
-        "stack_tok_s": statistics.median(stack),
-        "ratio": statistics.median(s / e for s, e in zip(stack, engine, strict=True)),
-        "round_ratios": [s / e for s, e in zip(stack, engine, strict=True)],
+        "engine_tok_s": statistics.median(e.tok_s for e in engine),
+        "stack_tok_s": statistics.median(s.tok_s for s in stack),
+        "ratio": statistics.median(ratios),
+        "round_ratios": ratios,
+        # Medians over rounds: how much CPU one output token cost each process.
+        "engine_alone_cpu_us_per_token": _median_cpu(engine)["engine"],
+        "stack_cpu_us_per_token": _median_cpu(stack),
     }
+
+
+def _median_cpu(rounds: list[Round]) -> dict[str, float]:
+    names = rounds[0].cpu_us_per_token
+    return {n: statistics.median(r.cpu_us_per_token[n] for r in rounds) for n in names}
+
+
+def cpu_line(cell: dict[str, Any]) -> str:
+    """Where the stack's CPU goes, beside the engine's own: the split costs what the other
+    processes take, plus what the engine loses by sharing the cores with them."""
+    stack = cell["stack_cpu_us_per_token"]
+    parts = ", ".join(f"{name} {us:,.0f}" for name, us in stack.items())
+    return (
+        f"CPU us per output token: engine alone {cell['engine_alone_cpu_us_per_token']:,.0f}; "
+        f"in the stack: {parts}"
+    )
 
 
 def main() -> None:
@@ -156,8 +219,8 @@ def main() -> None:
     stack.start(timeout=300)
     try:
         run_engine(scheduler, prompts(4, args.input_len, seed=99), 8, 1.0)  # warm-up
-        asyncio.run(run_stack(stack.base_url, prompts(4, args.input_len, seed=99), 8, 1.0))
-        cells = measure(args, scheduler, stack.base_url)
+        run_stack(stack, prompts(4, args.input_len, seed=99), 8, 1.0)
+        cells = measure(args, scheduler, stack)
     finally:
         stack.stop()
     report = {"machine": machine, "dtype": dtype, "args": vars(args), "cells": cells}
