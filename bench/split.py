@@ -8,6 +8,12 @@ in-process, and the same C requests as streaming ``/v1/completions`` calls with 
 prompts through the running stack. Both measure output tokens over the wall time from
 the first submission to the last finish. Goal: stack / engine >= 0.85 at C = 64.
 
+Each cell also prints the CPU microseconds per output token of every process (read from
+/proc over each round): the engine alone, and in the stack the engine process, each
+service and this process as the load generator. At the end, ``bench.grpc_floor`` measures
+grpc.aio streaming the same per-token message with nothing else running, beside what the
+gateway (which reads such a stream) and the frontend (which writes it) spend per token.
+
 ``--stream-interval N`` runs both with the scheduler's flag of that name: every hop
 after the engine then handles a row per N tokens instead of one per token.
 
@@ -29,6 +35,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.grpc_floor import measure_floor
 from bench.machine import describe, machine_info
 from bench.procs import cpu_seconds, stack_pids
 from bench.serve.client import new_session
@@ -207,6 +214,19 @@ def cpu_line(cell: dict[str, Any]) -> str:
     )
 
 
+def floor_line(floor: dict[str, float], cells: list[dict[str, Any]]) -> str:
+    """The gRPC hop alone beside what the gateway (its reader) and the frontend (its writer)
+    spend per streamed token, in the first cell."""
+    read, write = floor["client_read_us_per_message"], floor["server_write_us_per_message"]
+    stack = cells[0]["stack_cpu_us_per_token"]
+    return (
+        f"gRPC floor (grpc.aio alone, the same message): read {read:.0f} us, write {write:.0f} "
+        f"us per message; per token the gateway spends {stack['gateway']:.0f} "
+        f"({stack['gateway'] / read:.1f}x the read), the frontend {stack['frontend']:.0f} "
+        f"({stack['frontend'] / write:.1f}x the write)"
+    )
+
+
 def main() -> None:
     args = parse_args()
     machine = machine_info()
@@ -223,7 +243,15 @@ def main() -> None:
         cells = measure(args, scheduler, stack)
     finally:
         stack.stop()
-    report = {"machine": machine, "dtype": dtype, "args": vars(args), "cells": cells}
+    floor = measure_floor(max(args.concurrency), args.output_len)
+    print(floor_line(floor, cells), flush=True)
+    report = {
+        "machine": machine,
+        "dtype": dtype,
+        "args": vars(args),
+        "cells": cells,
+        "grpc_floor_us_per_message": floor,
+    }
     name = (
         "split.json" if args.stream_interval == 1 else f"split-interval{args.stream_interval}.json"
     )
