@@ -29,6 +29,7 @@ import torch
 from bench.machine import describe, machine_info
 from services.common.sampling_params import SamplingParams
 from services.common.tokenizer import load_tokenizer
+from services.scheduler.attention import ATTENTION_BACKENDS
 from services.scheduler.engine import Scheduler, SchedulerConfig
 from services.scheduler.forward_batch import ForwardBatch
 from services.scheduler.kv_pool import KVPool
@@ -53,6 +54,7 @@ class BenchArgs:
     repeats: int
     num_threads: int
     temperatures: list[float]
+    attention_backend: str = "torch"
 
 
 @dataclass(slots=True)
@@ -88,6 +90,7 @@ def parse_args() -> BenchArgs:
         default=[1.0, 0.0],
         help="1.0 is the OpenAI default (sampled); 0 is greedy",
     )
+    p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="torch")
     return BenchArgs(**vars(p.parse_args()))
 
 
@@ -97,7 +100,7 @@ def build(args: BenchArgs) -> Scheduler:
     device = torch.device(args.device)
     choice = choose_dtype(args.dtype, ModelConfig.from_dir(args.model).dtype, device)
     print(f"dtype {choice.name} ({choice.reason})", flush=True)
-    model, config = load_model(args.model, choice.dtype, device)
+    model, config = load_model(args.model, choice.dtype, device, args.attention_backend)
     max_c = max(args.concurrency)
     # Requests, scratch for the paired bare forwards, and the TTFT prefixes.
     num_tokens = 2 * max_c * (args.prompt_len + args.output_len) + 4 * (args.prefix_len + 64)

@@ -1,0 +1,37 @@
+"""bench.gpu_check, the script prepared for a lent GPU machine: its CPU run keeps every
+path of it working between loans, and without CUDA it refuses to pretend."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.gpu_check import main
+
+
+def test_the_cpu_run_checks_parity_and_measures_each_backend_that_builds(
+    default_model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "gpu_check.json"
+    argv = ["--model", str(default_model_dir), "--device", "cpu", "--concurrency", "2"]
+    argv += ["--temperatures", "1.0", "--parity-prompts", "3", "--new-tokens", "5"]
+    assert main([*argv, "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    parity = report["parity"]
+    # The CPU against itself: every greedy token and every logit agree exactly.
+    assert parity["all_equal"] and parity["agreeing_prefix"] == [5, 5, 5]
+    assert parity["last_token_logits_max_abs_diff"] == 0.0
+    assert report["attention_backends"]["torch"] == "ok"
+    assert report["attention_backends"]["flash_attn"].startswith("unavailable")
+    (row,) = report["throughput"]
+    assert row["attention_backend"] == "torch" and row["concurrency"] == 2
+    assert row["engine_tok_s"] > 0 and 0 < row["ratio"] < 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer without CUDA")
+def test_without_cuda_it_says_so_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "no CUDA device" in capsys.readouterr().out
