@@ -17,7 +17,7 @@ gateway (which reads such a stream) and the frontend (which writes it) spend per
 ``--stream-interval N`` runs both with the scheduler's flag of that name: every hop
 after the engine then handles a row per N tokens instead of one per token.
 
-Writes ``bench/results/split.json`` (``split-intervalN.json`` for N > 1).
+Writes ``bench/results/split.json`` (``split-intervalN.json`` for N > 1; ``--out``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from services.scheduler.req import Req
 RESULTS = Path("bench/results")
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.split", description=__doc__)
     p.add_argument("--model", default="models/tokenline-tiny")
     p.add_argument("--concurrency", type=int, nargs="+", default=[64])
@@ -64,7 +64,14 @@ def parse_args() -> argparse.Namespace:
         default=1,
         help="the scheduler's --stream-interval, for the engine and the stack alike",
     )
-    return p.parse_args()
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON path (default bench/results/split.json, split-intervalN.json for N > 1)",
+    )
+    p.add_argument("--floor-messages", type=int, default=None, help="default: --output-len")
+    return p.parse_args(argv)
 
 
 def prompts(num: int, length: int, seed: int) -> list[list[int]]:
@@ -227,14 +234,17 @@ def floor_line(floor: dict[str, float], cells: list[dict[str, Any]]) -> str:
     )
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     machine = machine_info()
     print(f"machine: {describe(machine)}", flush=True)
     flags = ["--stream-interval", str(args.stream_interval)]
     scheduler, dtype = build_engine(scheduler_args(["--model", args.model, *flags]))
+    out = args.out or RESULTS / (
+        "split.json" if args.stream_interval == 1 else f"split-interval{args.stream_interval}.json"
+    )
     stack = LocalStack(
-        args.model, StackPorts.free(), log_dir=RESULTS / "split-logs", scheduler_args=flags
+        args.model, StackPorts.free(), log_dir=out.parent / "split-logs", scheduler_args=flags
     )
     stack.start(timeout=300)
     try:
@@ -243,20 +253,17 @@ def main() -> None:
         cells = measure(args, scheduler, stack)
     finally:
         stack.stop()
-    floor = measure_floor(max(args.concurrency), args.output_len)
+    floor = measure_floor(max(args.concurrency), args.floor_messages or args.output_len)
     print(floor_line(floor, cells), flush=True)
     report = {
         "machine": machine,
         "dtype": dtype,
-        "args": vars(args),
+        "args": vars(args) | {"out": str(out)},
         "cells": cells,
         "grpc_floor_us_per_message": floor,
     }
-    name = (
-        "split.json" if args.stream_interval == 1 else f"split-interval{args.stream_interval}.json"
-    )
-    write_json(report, RESULTS / name)
-    print(f"wrote {RESULTS / name}")
+    write_json(report, out)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,33 @@
+"""bench.split end to end in a short mode: a real stack and the in-process engine run the
+same requests, and the report holds each cell's ratio and every process's CPU per token."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench import split
+
+
+def test_a_short_run_reports_the_ratio_and_each_process_cpu(
+    default_model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "split.json"
+    split.main(
+        ["--model", str(default_model_dir), "--concurrency", "4", "--input-len", "16"]
+        + ["--output-len", "8", "--temperatures", "1.0", "--rounds", "1"]
+        + ["--floor-messages", "16", "--out", str(out)]
+    )
+    report = json.loads(out.read_text())
+    (cell,) = report["cells"]
+    assert cell["concurrency"] == 4 and cell["temperature"] == 1.0
+    assert cell["engine_tok_s"] > 0 and cell["stack_tok_s"] > 0
+    assert cell["ratio"] == cell["round_ratios"][0] > 0
+    assert cell["engine_alone_cpu_us_per_token"] > 0
+    stack = cell["stack_cpu_us_per_token"]
+    services = {"gateway", "frontend", "scheduler", "detokenizer", "engine", "load generator"}
+    assert set(stack) == services
+    # The engine process computes the tokens: it used the most CPU of all (the others'
+    # few milliseconds here may round to a 10 ms /proc tick or to none).
+    assert stack["engine"] > 0 and stack["engine"] == max(stack.values())
+    assert report["grpc_floor_us_per_message"]["client_read_us_per_message"] > 0
