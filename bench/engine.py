@@ -175,15 +175,21 @@ def engine_decode(
     return times
 
 
+def split_slots(slots: list[int], lengths: list[int]) -> list[list[int]]:
+    """``slots`` cut into consecutive runs of the given lengths, one per sequence."""
+    runs, start = [], 0
+    for n in lengths:
+        runs.append(slots[start : start + n])
+        start += n
+    return runs
+
+
 def bare_forward(
     scheduler: Scheduler, seq_lens: list[int], scratch: list[int], device: str
 ) -> float:
     """Seconds for model.forward alone on one decode token per sequence (no scheduling,
     no sampling); K/V go to scratch slots."""
-    slots, start = [], 0
-    for n in seq_lens:
-        slots.append(scratch[start : start + n])
-        start += n
+    slots = split_slots(scratch, seq_lens)
     batch = ForwardBatch.build(
         [[1000 + i] for i in range(len(seq_lens))], [n - 1 for n in seq_lens], slots, device
     )

@@ -26,7 +26,14 @@ from typing import Any
 
 import torch
 
-from bench.engine import BenchArgs, build, greedy_req, measure_throughput, random_prompt
+from bench.engine import (
+    BenchArgs,
+    build,
+    greedy_req,
+    measure_throughput,
+    random_prompt,
+    split_slots,
+)
 from bench.machine import describe, machine_info
 from services.scheduler.attention import ATTENTION_BACKENDS, create_attention_backend
 from services.scheduler.engine import Scheduler
@@ -46,11 +53,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per parity prompt")
     p.add_argument("--out", type=Path, default=RESULTS / "gpu_check.json")
     return p.parse_args(argv)
-
-
-def _engine(model: str, device: str, dtype: str, concurrency: list[int], backend: str) -> Scheduler:
-    args = _bench_args(model, device, dtype, concurrency, [0.0], backend)
-    return build(args)
 
 
 def _bench_args(
@@ -78,11 +80,9 @@ def _bench_args(
 
 def last_token_logits(scheduler: Scheduler, prompts: list[list[int]]) -> torch.Tensor:
     """float32 logits [len(prompts), vocab] of each prompt's last token, on the CPU."""
-    slots = scheduler.kv_pool.allocate(sum(map(len, prompts)))
-    per_prompt, start = [], 0
-    for prompt in prompts:
-        per_prompt.append(slots[start : start + len(prompt)])
-        start += len(prompt)
+    lengths = [len(p) for p in prompts]
+    slots = scheduler.kv_pool.allocate(sum(lengths))
+    per_prompt = split_slots(slots, lengths)
     plan = ForwardPlan(
         [list(p) for p in prompts], [0] * len(prompts), per_prompt, [*range(len(prompts))]
     )
@@ -95,7 +95,7 @@ def greedy_run(
     model: str, device: str, prompts: list[list[int]], new_tokens: int
 ) -> tuple[list[list[int]], torch.Tensor]:
     """Each prompt's greedy tokens, and its last prompt token's logits, in float32."""
-    scheduler = _engine(model, device, "float32", [len(prompts)], "torch")
+    scheduler = build(_bench_args(model, device, "float32", [len(prompts)], [0.0], "torch"))
     logits = last_token_logits(scheduler, prompts)
     reqs = [greedy_req(f"parity{i}", prompt, new_tokens) for i, prompt in enumerate(prompts)]
     for req in reqs:

@@ -90,19 +90,17 @@ class Round:
 
 
 class CpuMeter:
-    """CPU seconds of a set of processes between ``start`` and ``stop``."""
+    """CPU time of named groups of processes, counted from when the meter is made."""
 
     def __init__(self, pids: dict[str, list[int]]) -> None:
         self.pids = pids
-        self._start: dict[str, float] = {}
+        self._start = self._now()
 
     def _now(self) -> dict[str, float]:
         return {name: sum(map(cpu_seconds, pids)) for name, pids in self.pids.items()}
 
-    def start(self) -> None:
-        self._start = self._now()
-
     def per_token_us(self, tokens: int) -> dict[str, float]:
+        """Microseconds each group used since the meter was made, per output token."""
         end = self._now()
         return {name: (end[name] - self._start[name]) / tokens * 1e6 for name in end}
 
@@ -110,7 +108,6 @@ class CpuMeter:
 def run_engine(scheduler: Scheduler, ids: list[list[int]], out_len: int, temp: float) -> Round:
     """The engine alone on these prompts, submitted together."""
     meter = CpuMeter({"engine": [os.getpid()]})
-    meter.start()
     start = time.perf_counter()
     for i, prompt in enumerate(ids):
         params = SamplingParams(temperature=temp, max_new_tokens=out_len, ignore_eos=True)
@@ -127,7 +124,6 @@ def run_engine(scheduler: Scheduler, ids: list[list[int]], out_len: int, temp: f
 def run_stack(stack: LocalStack, ids: list[list[int]], out_len: int, temp: float) -> Round:
     """The same requests streamed through the gateway."""
     meter = CpuMeter(stack_pids(stack) | {"load generator": [os.getpid()]})
-    meter.start()
     start = time.perf_counter()
     tokens = asyncio.run(stream_all(stack.base_url, ids, out_len, temp))
     elapsed = time.perf_counter() - start

@@ -69,9 +69,8 @@ def plot_sweep(cells: list[dict[str, Any]], title: str, path: Path) -> None:
                 if (c["setting"], c["temperature"], c["server"]) == (setting, temp, server):
                     by_conc.setdefault(c["concurrency"], []).append(c["output_tok_s"])
             concs = sorted(by_conc)
-            line = ax.plot(concs, [np.median(by_conc[x]) for x in concs], marker="o", label=server)[
-                0
-            ]
+            medians = [np.median(by_conc[x]) for x in concs]
+            (line,) = ax.plot(concs, medians, marker="o", label=server)
             for x in concs:
                 ax.scatter([x] * len(by_conc[x]), by_conc[x], s=10, color=line.get_color())
         ax.set_xscale("log", base=2)
