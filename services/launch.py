@@ -8,6 +8,7 @@ stops exactly the processes it started (by PID).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import socket
 import subprocess
@@ -33,10 +34,20 @@ from services.common.grpc_server import READINESS_SERVICE
 from services.common.tls import TlsSettings, add_tls_flags, open_sync_channel, pop_tls_settings
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports free right now. Every socket stays bound until
+    all are picked: bound and closed one at a time, the kernel may hand out the same port
+    twice, and two gRPC servers on one port both bind it (SO_REUSEPORT) and split its
+    calls between them."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +63,7 @@ class StackPorts:
 
     @classmethod
     def free(cls) -> StackPorts:
-        return cls(*(free_port() for _ in fields(cls)))
+        return cls(*free_ports(len(fields(cls))))
 
     def metrics_url(self, name: str, host: str = "127.0.0.1") -> str:
         port = self.gateway if name == "gateway" else getattr(self, f"{name}_metrics")
