@@ -9,6 +9,9 @@
   same context length, with no scheduling or sampling. Goal: ratio >= 0.85 at C >= 32.
 * TTFT of a request whose 1,000-token prefix is in the radix cache vs the same shape
   cold. Goal: cached / cold <= 0.2.
+* overlap scheduling: whole runs of the same C requests with the synchronous scheduler
+  and with ``overlap_schedule`` (the next decode step launched on a forward worker
+  before the previous one is committed), alternating which runs first; median ratio.
 
 Writes ``bench/results/engine.json`` and ``bench/results/engine.png``.
 """
@@ -94,7 +97,7 @@ def parse_args() -> BenchArgs:
     return BenchArgs(**vars(p.parse_args()))
 
 
-def build(args: BenchArgs) -> Scheduler:
+def build(args: BenchArgs, overlap: bool = False) -> Scheduler:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     device = torch.device(args.device)
@@ -110,7 +113,9 @@ def build(args: BenchArgs) -> Scheduler:
     stop_checker = StopChecker(
         load_tokenizer(args.model), set(config.eos_token_ids), config.max_context_len
     )
-    sched_config = SchedulerConfig(max_running_requests=max_c, max_num_batched_tokens=1024)
+    sched_config = SchedulerConfig(
+        max_running_requests=max_c, max_num_batched_tokens=1024, overlap_schedule=overlap
+    )
     return Scheduler(model, pool, stop_checker, sched_config, args.device)
 
 
@@ -223,6 +228,59 @@ def measure_throughput(scheduler: Scheduler, args: BenchArgs) -> list[Throughput
     return rows
 
 
+# ---- overlap scheduling ---------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class OverlapRow:
+    temperature: float
+    concurrency: int
+    sync_tok_s: float  # whole runs (prefill and decode), the synchronous scheduler
+    overlap_tok_s: float  # the same runs with ``overlap_schedule``
+    ratio: float  # overlap / sync
+    round_ratios: list[float]
+
+
+def run_tok_s(scheduler: Scheduler, args: BenchArgs, c: int, seed: int, temp: float) -> float:
+    """Output tokens/s of C requests submitted together and stepped to the end."""
+    rng = random.Random(seed)
+    for i in range(c):
+        prompt = random_prompt(rng, args.prompt_len)
+        scheduler.add_request(bench_req(f"o{seed}-{i}", prompt, args.output_len, temp))
+    produced, start = 0, time.perf_counter()
+    while scheduler.has_work:
+        produced += sum(len(r.new_token_ids) for r in scheduler.step())
+    elapsed = time.perf_counter() - start
+    scheduler.flush_cache()
+    return produced / elapsed
+
+
+def measure_overlap(sync: Scheduler, args: BenchArgs, rounds: int = 3) -> list[OverlapRow]:
+    """The same runs with and without overlap scheduling, alternating which goes first."""
+    overlap = build(args, overlap=True)
+    run_tok_s(overlap, args, 2, seed=-1, temp=1.0)  # warm-up
+    rows = []
+    for temperature, c in itertools.product(args.temperatures, args.concurrency):
+        pairs = []
+        for r in range(rounds):
+            order = (sync, overlap) if r % 2 == 0 else (overlap, sync)
+            got = {id(s): run_tok_s(s, args, c, c * 100 + r, temperature) for s in order}
+            pairs.append((got[id(sync)], got[id(overlap)]))
+        sync_tok_s = statistics.median(p[0] for p in pairs)
+        overlap_tok_s = statistics.median(p[1] for p in pairs)
+        ratios = [round(o / s, 3) for s, o in pairs]
+        row = OverlapRow(
+            temperature, c, sync_tok_s, overlap_tok_s, statistics.median(ratios), ratios
+        )
+        print(
+            f"overlap T={temperature:<4} C={c:4d}  sync {sync_tok_s:9.1f} tok/s  overlap "
+            f"{overlap_tok_s:9.1f} tok/s  ratio {row.ratio:5.2f} (rounds {ratios})",
+            flush=True,
+        )
+        rows.append(row)
+    return rows
+
+
 # ---- TTFT -------------------------------------------------------------------------------
 
 
@@ -316,6 +374,7 @@ def main() -> None:
     )
     rows = measure_throughput(scheduler, args)
     ttft = measure_ttft(scheduler, args)
+    overlap = measure_overlap(scheduler, args)
     RESULTS.mkdir(parents=True, exist_ok=True)
     report = {
         "args": asdict(args),
@@ -323,6 +382,7 @@ def main() -> None:
         "dtype": str(next(scheduler.runner.model.parameters()).dtype).removeprefix("torch."),
         "throughput": [asdict(r) for r in rows],
         "ttft": ttft,
+        "overlap": [asdict(r) for r in overlap],
     }
     (RESULTS / "engine.json").write_text(json.dumps(report, indent=2))
     plot(rows, ttft, RESULTS / "engine.png")

@@ -8,6 +8,8 @@
    that has it): the engine against the bare forward of the same batch (``bench.engine``'s
    measure), for each attention backend that builds: torch SDPA always, ``flash_attn`` when
    vllm-flash-attn or flash-attn is installed (else the reason it is not).
+3. Overlap scheduling: the same runs with and without ``overlap_schedule`` (torch SDPA),
+   where the GPU computes while the host plans and commits (``bench.engine``'s measure).
 
 Writes ``bench/results/gpu_check.json`` (or ``--out``). Without CUDA it says so and exits 2:
 there is nothing to check. ``--device cpu`` runs the same code on the CPU alone, which is
@@ -30,6 +32,7 @@ from bench.engine import (
     BenchArgs,
     build,
     greedy_req,
+    measure_overlap,
     measure_throughput,
     random_prompt,
     split_slots,
@@ -159,6 +162,12 @@ def throughput(args: argparse.Namespace, backends: dict[str, str]) -> list[dict[
     return rows
 
 
+def overlap(args: argparse.Namespace) -> list[dict[str, Any]]:
+    print("-- overlap scheduling (torch attention)", flush=True)
+    bench = _bench_args(args.model, args.device, AUTO, args.concurrency, args.temperatures, "torch")
+    return [asdict(r) for r in measure_overlap(build(bench), bench)]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -184,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         "parity": checked,
         "attention_backends": backends,
         "throughput": throughput(args, backends),
+        "overlap": overlap(args),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))

@@ -87,6 +87,12 @@ def _add_batching_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--num-threads", type=int, default=0, help="torch intra-op threads (0: auto)")
     p.add_argument(
+        "--overlap-schedule",
+        action="store_true",
+        help="launch the next decode step on a forward worker thread before committing the "
+        "one in flight, so scheduling and output work hide behind the forward",
+    )
+    p.add_argument(
         "--stream-interval",
         type=_at_least_one,
         default=1,

@@ -13,7 +13,7 @@ import grpc
 from tokenline.v1 import detokenizer_pb2_grpc, scheduler_pb2
 
 from services.common.tls import TlsSettings, open_channel
-from services.scheduler.engine import OutputRow
+from services.scheduler.output_row import OutputRow
 from services.scheduler.protocol import rows_to_batch_pb
 
 logger = logging.getLogger(__name__)

@@ -3,6 +3,8 @@
 ``Scheduler.step()`` runs one engine step: schedule, forward, sample, check
 stops, release what finished, and return the rows to send downstream. It is
 single-threaded by contract (the engine thread owns it); tests call it directly.
+With ``overlap_schedule`` a decode step's forward and sampling run on a forward
+worker thread while ``step()`` commits the step before (overlap.py).
 
 Owns the scheduling policy, every ``Req``'s state, KV slot allocation (through
 ``KVCacheManager``), sampling and stop checks. The forward itself, and every device
@@ -19,10 +21,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,8 +33,16 @@ from services.scheduler.grammar import GrammarCompiler, create_request_grammar
 from services.scheduler.kv_cache import KVCacheManager
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model_runner import CausalLM, ForwardPlan, ModelRunner
-from services.scheduler.prompt_logprobs import PromptLogprob, PromptSpan, plan_spans, record_spans
-from services.scheduler.req import DecodeFlags, FinishInfo, LogprobEntry, Req, ReqStatus, ReqTimes
+from services.scheduler.output_row import OutputRow
+from services.scheduler.overlap import (
+    ForwardWorker,
+    InflightStep,
+    can_chain,
+    pending_token,
+    will_end_by_length,
+)
+from services.scheduler.prompt_logprobs import PromptSpan, plan_spans, record_spans
+from services.scheduler.req import FinishInfo, Req, ReqStatus
 from services.scheduler.sampler import SampleOutput, Sampler
 from services.scheduler.sessions import SessionManager
 from services.scheduler.stats import FinishedReqStats, SchedulerStats
@@ -53,69 +62,8 @@ class SchedulerConfig:
     # A streamed request's row goes out with its first token, then once every this many
     # tokens (SGLang's --stream-interval); unary requests send only their final row.
     stream_interval: int = 1
-
-
-# Prompt tokens sent with a request's first row so the detokenizer can seed its window
-# (a leading-space or byte-fallback token decodes differently without context).
-PROMPT_TAIL_TOKENS = 5
-
-
-@dataclass(frozen=True, slots=True)
-class RowInit:
-    """What the detokenizer needs to start decoding a request: on its first row only."""
-
-    flags: DecodeFlags
-    prompt_tail_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class OutputRow:
-    """What one request produced in one step (domain twin of TokenIDRow).
-
-    A snapshot made on the engine thread that shares nothing mutable with the live
-    ``Req``, so the transport may read it on another thread while the engine steps on.
-    """
-
-    rid: str
-    new_token_ids: tuple[int, ...]
-    finish: FinishInfo | None
-    num_prompt_tokens: int
-    num_output_tokens: int
-    num_cached_tokens: int
-    logprobs: tuple[LogprobEntry, ...] = ()
-    times: ReqTimes | None = None  # a copy of the request's stage stamps, on its final row
-    init: RowInit | None = None
-    # Every prompt logprob, on the first row made once the whole prompt is scored.
-    input_logprobs: tuple[PromptLogprob, ...] = ()
-
-    @classmethod
-    def of(
-        cls,
-        req: Req,
-        new_token_ids: Sequence[int],
-        finish: FinishInfo | None,
-        logprobs: Sequence[LogprobEntry] = (),
-    ) -> OutputRow:
-        """Snapshot ``req`` now; the first row of a request carries its ``RowInit``.
-        Engine thread only: it marks ``req.sent_init``."""
-        init = None
-        if not req.sent_init:
-            req.sent_init = True
-            init = RowInit(req.flags, tuple(req.input_ids[-PROMPT_TAIL_TOKENS:]))
-        return cls(
-            rid=req.rid,
-            new_token_ids=tuple(new_token_ids),
-            finish=finish,
-            num_prompt_tokens=len(req.input_ids),
-            num_output_tokens=len(req.output_ids),
-            num_cached_tokens=req.num_cached_tokens,
-            logprobs=tuple(logprobs),
-            times=replace(req.times) if finish is not None else None,
-            init=init,
-            input_logprobs=(
-                req.prompt_logprobs.take(len(req.input_ids)) if req.prompt_logprobs else ()
-            ),
-        )
+    # Plan and launch the next decode step before committing the one in flight (overlap.py).
+    overlap_schedule: bool = False
 
 
 @dataclass(slots=True)
@@ -157,6 +105,8 @@ class Scheduler:
             max_waiting_requests=config.max_waiting_requests,
         )
         self.sampler = Sampler(device, stop_checker.eos_token_ids)
+        self._worker = ForwardWorker(self.runner, self.sampler) if config.overlap_schedule else None
+        self._inflight: InflightStep | None = None  # launched, not yet committed
         self.grammars = GrammarCompiler(
             stop_checker.tokenizer, self.runner.vocab_size, stop_checker.eos_token_ids
         )
@@ -244,7 +194,9 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(len(self.waiting) or self.running or self._pending_rows)
+        return bool(
+            len(self.waiting) or self.running or self._pending_rows or self._inflight is not None
+        )
 
     # ---- one step --------------------------------------------------------------
 
@@ -252,10 +204,18 @@ class Scheduler:
     def step(self) -> list[OutputRow]:
         if self._compiling:
             self._poll_grammars()
-        plan = self._schedule()
         rows, self._pending_rows = self._pending_rows, []
+        if self._inflight is not None:
+            if self._can_chain():
+                return rows + self._chain()
+            step, self._inflight = self._inflight, None
+            rows.extend(self._complete(step))
+        plan = self._schedule()
         if plan.reqs:
-            rows.extend(self._run(plan))
+            if self._worker is not None and self._is_chainable(plan):
+                self._inflight = self._launch(plan)  # its rows come with the next step
+            else:
+                rows.extend(self._run(plan))
         elif self._compiling and not rows:
             # Nothing runnable until a grammar compiles: wait for one rather than spin.
             futures = [r.grammar.future for r in self._compiling if r.grammar is not None]
@@ -308,12 +268,17 @@ class Scheduler:
                 self._plan_chunk(plan, req, num)
 
     def _plan_decodes(self, plan: StepPlan, reqs: list[Req]) -> None:
-        """``_plan_chunk(plan, req, 1)`` for each request, with one allocation."""
+        """``_plan_chunk(plan, req, 1)`` for each request, with one allocation. A request
+        whose input is the in-flight step's token feeds a placeholder for it."""
         for req, slot in zip(reqs, self.kv.allocate(len(reqs)), strict=True):
             start = len(req.kv_slots)
             req.kv_slots.append(slot)
             plan.reqs.append(req)
-            plan.chunks.append(req.token_slice(start, start + 1))
+            if req.num_inflight:
+                assert self._inflight is not None
+                plan.chunks.append([pending_token(self._inflight.rows[req.rid])])
+            else:
+                plan.chunks.append(req.token_slice(start, start + 1))
             plan.prefix_lens.append(start)
             plan.rids.add(req.rid)
         plan.budget -= len(reqs)
@@ -412,6 +377,56 @@ class Scheduler:
             return ended
         return ended + self._commit(reqs, self.sampler.sample(out.logits, reqs))
 
+    # ---- overlap scheduling (overlap.py) ---------------------------------------------
+
+    def _is_chainable(self, plan: StepPlan) -> bool:
+        """A plan that may run in flight: every request decodes one token and samples it."""
+        return all(
+            len(chunk) == 1 and prefix_len >= len(req.input_ids) and can_chain(req)
+            for req, chunk, prefix_len in zip(plan.reqs, plan.chunks, plan.prefix_lens, strict=True)
+        )
+
+    def _can_chain(self) -> bool:
+        """Whether the next step may be planned on top of the in-flight one: only decodes
+        of plain requests, room for all of them, no request that could be admitted."""
+        running = self.running
+        if len(self.waiting) and len(running) < self.config.max_running_requests:
+            return False
+        if len(running) > self.config.max_num_batched_tokens:
+            return False
+        if not self.kv.can_allocate(len(running)):
+            return False
+        return all(r.num_uncomputed == 1 and can_chain(r) for r in running)
+
+    def _chain(self) -> list[OutputRow]:
+        """Launch the next decode step, then commit the one in flight."""
+        previous = self._inflight
+        assert previous is not None
+        plan = StepPlan(budget=self.config.max_num_batched_tokens)
+        limit = self.stop_checker.context_length
+        self._plan_decodes(plan, [r for r in self.running if not will_end_by_length(r, limit)])
+        self._inflight = self._launch(plan, previous) if plan.reqs else None
+        return self._complete(previous)
+
+    def _launch(self, plan: StepPlan, previous: InflightStep | None = None) -> InflightStep:
+        assert self._worker is not None
+        reqs = plan.reqs
+        logit_rows = list(range(len(reqs)))
+        kv_slots = [list(r.kv_slots) for r in reqs]  # the worker reads them while we plan
+        forward = ForwardPlan(plan.chunks, plan.prefix_lens, kv_slots, logit_rows)
+        for req in reqs:
+            req.num_inflight += 1
+        future = self._worker.submit(forward, reqs, previous)
+        return InflightStep(reqs, {r.rid: i for i, r in enumerate(reqs)}, future)
+
+    def _complete(self, step: InflightStep) -> list[OutputRow]:
+        """Wait for a launched step and commit it."""
+        out = step.future.result()
+        for req in step.reqs:
+            req.num_inflight -= 1
+        self.stats.step_tokens.append(len(step.reqs))
+        return self._commit(step.reqs, out)
+
     def _end_prompt_only(self, req: Req) -> OutputRow:
         """A request with max_new_tokens 0 ends once its prompt is computed (and scored):
         ``length``, no token sampled."""
@@ -423,6 +438,8 @@ class Scheduler:
         rows = []
         now = time.time()
         for req, token, logprob in zip(reqs, out.token_ids, out.logprobs, strict=True):
+            if req.is_finished:  # ended while its step was in flight: the token is dropped
+                continue
             req.output_ids.append(token)
             if req.last_token_time is None:
                 req.times.first_token = now

@@ -41,6 +41,7 @@ class SchedulerProcessConfig:
     disable_prefix_cache: bool
     num_threads: int
     stream_interval: int
+    overlap_schedule: bool
     drain_timeout: float
     log_level: str
     log_json: bool
@@ -78,9 +79,12 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
             context_length=context,
             enable_prefix_cache=not config.disable_prefix_cache,
             stream_interval=config.stream_interval,
+            overlap_schedule=config.overlap_schedule,
         ),
         device,
     )
+    if config.overlap_schedule:
+        logger.info("overlap scheduling on: decode steps chain on a forward worker thread")
     return scheduler, choice.name
 
 

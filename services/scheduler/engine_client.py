@@ -28,7 +28,6 @@ from services.common.errors import (
     ResourceExhaustedError,
     TokenlineError,
 )
-from services.scheduler.engine import OutputRow
 from services.scheduler.engine_messages import (
     NO_TICKET,
     AbortCommand,
@@ -45,6 +44,7 @@ from services.scheduler.engine_messages import (
     FlushOutcome,
     OpenSessionCommand,
 )
+from services.scheduler.output_row import OutputRow
 from services.scheduler.req import Req
 from services.scheduler.stats import SchedulerStats
 

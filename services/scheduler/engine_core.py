@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from services.common.errors import TokenlineError
-from services.scheduler.engine import OutputRow, Scheduler
+from services.scheduler.engine import Scheduler
 from services.scheduler.engine_messages import (
     NO_TICKET,
     AbortCommand,
@@ -30,6 +30,7 @@ from services.scheduler.engine_messages import (
     FlushOutcome,
     OpenSessionCommand,
 )
+from services.scheduler.output_row import OutputRow
 from services.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)

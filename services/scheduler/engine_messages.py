@@ -18,7 +18,7 @@ from services.scheduler.req import Req
 from services.scheduler.stats import SchedulerStats
 
 if TYPE_CHECKING:  # engine.py builds its limits from here
-    from services.scheduler.engine import OutputRow
+    from services.scheduler.output_row import OutputRow
 
 NO_TICKET = 0  # a command nobody waits on
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from tokenline.v1 import common_pb2, scheduler_pb2
 
 from services.common.sampling_params import SamplingParams
-from services.scheduler.engine import OutputRow, RowInit
+from services.scheduler.output_row import OutputRow, RowInit
 from services.scheduler.prompt_logprobs import PromptLogprob, PromptLogprobState
 from services.scheduler.req import DecodeFlags, FinishInfo, Req, ReqTimes
 from services.scheduler.sessions import SessionParams

@@ -99,6 +99,9 @@ class Req:
     last_token_time: float | None = None  # wall clock of the newest sampled token
     sent_init: bool = False  # its first OutputRow (carrying the DecodeFlags) was made
     num_sent_ids: int = 0  # output ids already put in a row; the rest wait for the next
+    # Tokens sampled by launched steps and not yet committed to ``output_ids`` (overlap
+    # scheduling: overlap.py); always 0 without it.
+    num_inflight: int = 0
     unsent_logprobs: list[LogprobEntry] = field(default_factory=list)
     generator: torch.Generator | None = None
     penalties: PenaltyState | None = None
@@ -129,7 +132,8 @@ class Req:
 
     @property
     def num_uncomputed(self) -> int:
-        return len(self.input_ids) + len(self.output_ids) - len(self.kv_slots)
+        """Tokens without KV, counting an in-flight one (its KV comes with the next step)."""
+        return len(self.input_ids) + len(self.output_ids) + self.num_inflight - len(self.kv_slots)
 
     @property
     def is_finished(self) -> bool:

@@ -29,6 +29,9 @@ def test_the_cpu_run_checks_parity_and_measures_each_backend_that_builds(
     (row,) = report["throughput"]
     assert row["attention_backend"] == "torch" and row["concurrency"] == 2
     assert row["engine_tok_s"] > 0 and 0 < row["ratio"] < 2
+    (overlap,) = report["overlap"]
+    assert overlap["concurrency"] == 2 and len(overlap["round_ratios"]) == 3
+    assert overlap["sync_tok_s"] > 0 and overlap["overlap_tok_s"] > 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer without CUDA")

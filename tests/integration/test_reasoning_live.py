@@ -1,5 +1,6 @@
 """Reasoning through the real stack and the openai SDK (frontend ``--reasoning-parser
-deepseek_r1``), with the scheduler batching streamed rows (``--stream-interval 3``).
+deepseek_r1``), with the scheduler batching streamed rows (``--stream-interval 3``) and
+chaining decode steps (``--overlap-schedule``), so both run in a live engine process.
 
 The random default model never writes ``</think>`` by itself, so a ``logit_bias`` on its
 id (128822, an ordinary token of the DeepSeek vocabulary) makes it appear at a seed-
@@ -26,7 +27,8 @@ MESSAGES = [{"role": "user", "content": "Think it over, then answer."}]
 
 stack = module_stack(
     "reasoning-logs",
-    scheduler_args=["--kv-cache-tokens", "8192", "--num-threads", "1", "--stream-interval", "3"],
+    scheduler_args=["--kv-cache-tokens", "8192", "--num-threads", "1", "--stream-interval", "3"]
+    + ["--overlap-schedule"],
     frontend_args=["--reasoning-parser", "deepseek_r1"],
 )
 

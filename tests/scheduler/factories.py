@@ -9,9 +9,10 @@ import torch
 
 from services.common.sampling_params import SamplingParams
 from services.common.tokenizer import load_tokenizer
-from services.scheduler.engine import OutputRow, Scheduler, SchedulerConfig
+from services.scheduler.engine import Scheduler, SchedulerConfig
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.loader import load_model
+from services.scheduler.output_row import OutputRow
 from services.scheduler.req import Req
 from services.scheduler.stop_checker import StopChecker
 

@@ -15,7 +15,7 @@ from tokenline.v1 import detokenizer_pb2, detokenizer_pb2_grpc
 
 from services.launch import free_port
 from services.scheduler.detokenizer_pusher import MAX_UNSENT_STEPS, DetokenizerPusher
-from services.scheduler.engine import OutputRow
+from services.scheduler.output_row import OutputRow
 from tests.scheduler.factories import make_req
 from tests.waiting import eventually
 

@@ -9,7 +9,8 @@ import pytest
 
 from services.common.errors import AlreadyExistsError, InvalidArgumentError
 from services.common.tokenizer import load_tokenizer
-from services.scheduler.engine import OutputRow, Scheduler
+from services.scheduler.engine import Scheduler
+from services.scheduler.output_row import OutputRow
 from services.scheduler.req import Req
 from tests.scheduler.factories import (
     assert_kv_conserved,

@@ -5,9 +5,9 @@ still has work or rows on their way."""
 
 from __future__ import annotations
 
-from services.scheduler.engine import OutputRow
 from services.scheduler.engine_client import EngineClient
 from services.scheduler.engine_messages import EngineLimits, EngineOutput, EngineStats
+from services.scheduler.output_row import OutputRow
 from services.scheduler.req import FinishInfo
 from tests.scheduler.factories import make_req
 

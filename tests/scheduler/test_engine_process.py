@@ -21,8 +21,8 @@ import pytest
 
 from services.common.errors import InvalidArgumentError
 from services.scheduler.__main__ import parse_args
-from services.scheduler.engine import OutputRow
 from services.scheduler.engine_process import EngineLaunch, EngineProcess
+from services.scheduler.output_row import OutputRow
 from services.scheduler.sessions import SessionParams
 from tests.scheduler.factories import make_req, make_scheduler
 

@@ -17,8 +17,8 @@ from services.common.errors import (
     InvalidArgumentError,
     ResourceExhaustedError,
 )
-from services.scheduler.engine import OutputRow, RowInit
 from services.scheduler.engine_thread import EngineThread
+from services.scheduler.output_row import OutputRow, RowInit
 from services.scheduler.protocol import row_to_pb
 from services.scheduler.req import Req
 from tests.scheduler.factories import make_req, make_scheduler

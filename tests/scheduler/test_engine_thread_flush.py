@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from services.scheduler.engine import OutputRow
 from services.scheduler.engine_thread import EngineThread
+from services.scheduler.output_row import OutputRow
 from tests.scheduler.factories import make_req, make_scheduler
 
 PROMPT = list(range(100, 164))

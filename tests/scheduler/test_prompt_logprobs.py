@@ -17,7 +17,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from services.common.errors import InvalidArgumentError
-from services.scheduler.engine import OutputRow, Scheduler
+from services.scheduler.engine import Scheduler
+from services.scheduler.output_row import OutputRow
 from services.scheduler.prompt_logprobs import (
     ROWS_PER_PASS,
     PromptLogprob,

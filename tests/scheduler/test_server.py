@@ -14,8 +14,8 @@ import pytest
 from tokenline.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 from services.common.errors import call_error, field_of
-from services.scheduler.engine import OutputRow
 from services.scheduler.engine_thread import EngineThread
+from services.scheduler.output_row import OutputRow
 from services.scheduler.server import SchedulerServicer
 from tests.scheduler.factories import make_scheduler
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from services.scheduler.engine import OutputRow, Scheduler
+from services.scheduler.engine import Scheduler
+from services.scheduler.output_row import OutputRow
 from services.scheduler.req import Req
 from tests.scheduler.factories import assert_kv_returns_to_pool, make_req, make_scheduler
 
