@@ -63,6 +63,11 @@ async def _until_renewals_stop(context: grpc.aio.ServicerContext) -> str:
             return "lease closed"
 
 
+def _take_outcome(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(self, model_name: str, metrics_port: int = 0) -> None:
         self.model_name = model_name
@@ -198,6 +203,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             logger.warning("frontend %s: %s", owner, renewals.result())
         finally:
             renewals.cancel()
+            # At shutdown its read can fail before the cancel lands: take the error, so
+            # asyncio does not log "Task exception was never retrieved" as the server stops.
+            renewals.add_done_callback(_take_outcome)
             if self.leases.close(owner):
                 logger.info("frontend %s detached; aborting its requests", owner)
                 self._abort_owned(engine, owner)
