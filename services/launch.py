@@ -33,6 +33,13 @@ from services.common.envs import env_default
 from services.common.grpc_server import READINESS_SERVICE
 from services.common.tls import TlsSettings, add_tls_flags, open_sync_channel, pop_tls_settings
 
+# Readiness probes retry a refused connection within 0.2 s instead of backing off.
+_PROBE_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 200),
+)
+
 
 def free_ports(count: int) -> list[int]:
     """``count`` distinct loopback ports free right now. Every socket stays bound until
@@ -192,7 +199,9 @@ class LocalStack:
             raise RuntimeError(f"{name} exited with code {proc.returncode} during start-up")
 
     def _wait_grpc_ready(self, name: str, deadline: float) -> None:
-        with open_sync_channel(self.addr(name), self.tls) as channel:
+        # A service still importing refuses the connection; gRPC's reconnect backoff would
+        # then grow toward 120 s and see it ready only seconds after it is. Poll instead.
+        with open_sync_channel(self.addr(name), self.tls, _PROBE_OPTIONS) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
                 self._check_alive(name)
@@ -272,7 +281,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     stack = LocalStack(args.model, ports, host=args.host, tls=tls if tls.is_enabled else None)
     print("starting detokenizer, scheduler, frontend and gateway ...", flush=True)
-    stack.start()
+    try:
+        stack.start()
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None  # Ctrl-C while starting: start() stopped them all
+    except (RuntimeError, TimeoutError) as exc:
+        raise SystemExit(f"tokenline did not start: {exc} (its output is above)") from None
     print(
         f"tokenline is serving {args.model} at {stack.base_url}  (Ctrl-C stops all four)\n"
         "metrics: "
