@@ -16,8 +16,10 @@ gateway (which reads such a stream) and the frontend (which writes it) spend per
 
 ``--stream-interval N`` runs both with the scheduler's flag of that name: every hop
 after the engine then handles a row per N tokens instead of one per token.
+``--overlap-schedule`` runs both with overlap scheduling.
 
-Writes ``bench/results/split.json`` (``split-intervalN.json`` for N > 1; ``--out``).
+Writes ``bench/results/split.json`` (``split-intervalN.json`` for N > 1, with
+``-overlap`` before ``.json`` under ``--overlap-schedule``; ``--out``).
 """
 
 from __future__ import annotations
@@ -65,10 +67,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the scheduler's --stream-interval, for the engine and the stack alike",
     )
     p.add_argument(
+        "--overlap-schedule",
+        action="store_true",
+        help="the scheduler's --overlap-schedule, for the engine and the stack alike",
+    )
+    p.add_argument(
         "--out",
         type=Path,
         default=None,
-        help="JSON path (default bench/results/split.json, split-intervalN.json for N > 1)",
+        help="JSON path (default bench/results/split[-intervalN][-overlap].json)",
     )
     p.add_argument("--floor-messages", type=int, default=None, help="default: --output-len")
     return p.parse_args(argv)
@@ -230,15 +237,25 @@ def floor_line(floor: dict[str, float], cells: list[dict[str, Any]]) -> str:
     )
 
 
+def engine_flags(args: argparse.Namespace) -> list[str]:
+    """The scheduler flags the in-process engine and the stack's scheduler both get."""
+    flags = ["--stream-interval", str(args.stream_interval)]
+    return flags + (["--overlap-schedule"] if args.overlap_schedule else [])
+
+
+def default_out(args: argparse.Namespace) -> Path:
+    interval = "" if args.stream_interval == 1 else f"-interval{args.stream_interval}"
+    overlap = "-overlap" if args.overlap_schedule else ""
+    return RESULTS / f"split{interval}{overlap}.json"
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     machine = machine_info()
     print(f"machine: {describe(machine)}", flush=True)
-    flags = ["--stream-interval", str(args.stream_interval)]
+    flags = engine_flags(args)
     scheduler, dtype = build_engine(scheduler_args(["--model", args.model, *flags]))
-    out = args.out or RESULTS / (
-        "split.json" if args.stream_interval == 1 else f"split-interval{args.stream_interval}.json"
-    )
+    out = args.out or default_out(args)
     stack = LocalStack(
         args.model, StackPorts.free(), log_dir=out.parent / "split-logs", scheduler_args=flags
     )

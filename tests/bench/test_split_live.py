@@ -31,3 +31,12 @@ def test_a_short_run_reports_the_ratio_and_each_process_cpu(
     # few milliseconds here may round to a 10 ms /proc tick or to none).
     assert stack["engine"] > 0 and stack["engine"] == max(stack.values())
     assert report["grpc_floor_us_per_message"]["client_read_us_per_message"] > 0
+
+
+def test_scheduler_flags_reach_both_sides_and_name_the_report() -> None:
+    args = split.parse_args(["--stream-interval", "4", "--overlap-schedule"])
+    assert split.engine_flags(args) == ["--stream-interval", "4", "--overlap-schedule"]
+    assert split.default_out(args).name == "split-interval4-overlap.json"
+    plain = split.parse_args([])
+    assert split.engine_flags(plain) == ["--stream-interval", "1"]
+    assert split.default_out(plain).name == "split.json"
