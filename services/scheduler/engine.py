@@ -39,7 +39,6 @@ from services.scheduler.overlap import (
     InflightStep,
     can_chain,
     pending_token,
-    will_end_by_length,
 )
 from services.scheduler.prompt_logprobs import PromptSpan, plan_spans, record_spans
 from services.scheduler.req import FinishInfo, Req, ReqStatus
@@ -403,8 +402,11 @@ class Scheduler:
         previous = self._inflight
         assert previous is not None
         plan = StepPlan(budget=self.config.max_num_batched_tokens)
-        limit = self.stop_checker.context_length
-        self._plan_decodes(plan, [r for r in self.running if not will_end_by_length(r, limit)])
+        # A request whose in-flight token is its last by length is not planned again: that
+        # row would only be dropped (or run past the context).
+        ends = self.stop_checker.reaches_length
+        going_on = [r for r in self.running if not ends(r, len(r.output_ids) + r.num_inflight)]
+        self._plan_decodes(plan, going_on)
         self._inflight = self._launch(plan, previous) if plan.reqs else None
         return self._complete(previous)
 

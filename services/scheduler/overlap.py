@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from services.scheduler.logits_processor import has_penalties
 from services.scheduler.model_runner import ForwardPlan, ModelRunner
 from services.scheduler.req import Req
 from services.scheduler.sampler import SampleOutput, Sampler
@@ -54,24 +55,14 @@ class InflightStep:
 def can_chain(req: Req) -> bool:
     """Whether the next token of ``req`` may be planned before its previous one is committed:
     nothing its sampling or scheduling reads changes when a token is committed."""
-    params = req.params
     return (
         req.grammar is None
         and req.penalties is None
-        and params.frequency_penalty == 0.0
-        and params.presence_penalty == 0.0
-        and params.repetition_penalty == 1.0
-        and len(req.output_ids) >= params.min_new_tokens
+        and not has_penalties(req.params)
+        and len(req.output_ids) >= req.params.min_new_tokens
         and req.prompt_logprobs is None
         and req.session is None
     )
-
-
-def will_end_by_length(req: Req, context_length: int) -> bool:
-    """True when the in-flight token is the request's last (``max_new_tokens``, or the
-    context is full): planning another would compute a row to drop, past the context."""
-    num_out = len(req.output_ids) + req.num_inflight
-    return num_out >= req.params.max_new_tokens or len(req.input_ids) + num_out >= context_length
 
 
 class ForwardWorker:

@@ -49,11 +49,17 @@ class StopChecker:
                 matched = self._match_stop_string(req)
                 if matched is not None:
                     return FinishInfo("stop", matched=matched)
-        if num_out >= params.max_new_tokens:
-            return FinishInfo("length")
-        if len(req.input_ids) + num_out >= self.context_length:
+        if self.reaches_length(req, num_out):
             return FinishInfo("length")
         return None
+
+    def reaches_length(self, req: Req, num_out: int) -> bool:
+        """Whether ``num_out`` output tokens end ``req`` by length: its ``max_new_tokens``,
+        or a full context."""
+        return (
+            num_out >= req.params.max_new_tokens
+            or len(req.input_ids) + num_out >= self.context_length
+        )
 
     def _match_stop_string(self, req: Req) -> str | None:
         longest = max(len(s.encode("utf-8")) for s in req.params.stop)
