@@ -241,16 +241,24 @@ class OverlapRow:
     round_ratios: list[float]
 
 
+def run_to_end(scheduler: Scheduler, reqs: list[Req]) -> tuple[int, float]:
+    """Submit ``reqs`` together and step until the engine is idle: the output tokens it
+    made and the seconds it took, submission included."""
+    start = time.perf_counter()
+    for req in reqs:
+        scheduler.add_request(req)
+    produced = 0
+    while scheduler.has_work:
+        produced += sum(len(row.new_token_ids) for row in scheduler.step())
+    return produced, time.perf_counter() - start
+
+
 def run_tok_s(scheduler: Scheduler, args: BenchArgs, c: int, seed: int, temp: float) -> float:
     """Output tokens/s of C requests submitted together and stepped to the end."""
     rng = random.Random(seed)
-    for i in range(c):
-        prompt = random_prompt(rng, args.prompt_len)
-        scheduler.add_request(bench_req(f"o{seed}-{i}", prompt, args.output_len, temp))
-    produced, start = 0, time.perf_counter()
-    while scheduler.has_work:
-        produced += sum(len(r.new_token_ids) for r in scheduler.step())
-    elapsed = time.perf_counter() - start
+    prompts = [random_prompt(rng, args.prompt_len) for _ in range(c)]
+    reqs = [bench_req(f"o{seed}-{i}", p, args.output_len, temp) for i, p in enumerate(prompts)]
+    produced, elapsed = run_to_end(scheduler, reqs)
     scheduler.flush_cache()
     return produced / elapsed
 

@@ -35,6 +35,7 @@ from bench.engine import (
     measure_overlap,
     measure_throughput,
     random_prompt,
+    run_to_end,
     split_slots,
 )
 from bench.machine import describe, machine_info
@@ -101,10 +102,7 @@ def greedy_run(
     scheduler = build(_bench_args(model, device, "float32", [len(prompts)], [0.0], "torch"))
     logits = last_token_logits(scheduler, prompts)
     reqs = [greedy_req(f"parity{i}", prompt, new_tokens) for i, prompt in enumerate(prompts)]
-    for req in reqs:
-        scheduler.add_request(req)
-    while scheduler.has_work:
-        scheduler.step()
+    run_to_end(scheduler, reqs)
     return [list(r.output_ids) for r in reqs], logits
 
 

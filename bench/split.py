@@ -37,17 +37,16 @@ from typing import Any
 
 import aiohttp
 
+from bench.engine import bench_req, run_to_end
 from bench.grpc_floor import measure_floor
 from bench.machine import describe, machine_info
 from bench.procs import cpu_seconds, stack_pids
 from bench.serve.client import new_session
 from bench.serve.report import write_json
-from services.common.sampling_params import SamplingParams
 from services.launch import LocalStack, StackPorts
 from services.scheduler.__main__ import parse_args as scheduler_args
 from services.scheduler.engine import Scheduler
 from services.scheduler.engine_build import build_engine
-from services.scheduler.req import Req
 
 RESULTS = Path("bench/results")
 
@@ -114,15 +113,10 @@ class CpuMeter:
 
 def run_engine(scheduler: Scheduler, ids: list[list[int]], out_len: int, temp: float) -> Round:
     """The engine alone on these prompts, submitted together."""
+    tag = time.perf_counter()  # rids unique across rounds
+    reqs = [bench_req(f"split-{tag}-{i}", prompt, out_len, temp) for i, prompt in enumerate(ids)]
     meter = CpuMeter({"engine": [os.getpid()]})
-    start = time.perf_counter()
-    for i, prompt in enumerate(ids):
-        params = SamplingParams(temperature=temp, max_new_tokens=out_len, ignore_eos=True)
-        scheduler.add_request(Req(rid=f"split-{start}-{i}", input_ids=prompt, params=params))
-    produced = 0
-    while scheduler.has_work:
-        produced += sum(len(row.new_token_ids) for row in scheduler.step())
-    elapsed = time.perf_counter() - start
+    produced, elapsed = run_to_end(scheduler, reqs)
     cpu = meter.per_token_us(produced)
     scheduler.flush_cache()  # the next round must not start from a warm prefix cache
     return Round(produced / elapsed, cpu)
