@@ -85,6 +85,11 @@ async def running(addr: str) -> int:
     return found.num_running + found.num_waiting
 
 
+async def cached(addr: str) -> int:
+    """KV tokens in the replica's prefix cache: nonzero once it has served a request."""
+    return (await info(addr)).num_cached_kv_tokens
+
+
 async def spread_then_kill(stack: LocalStack, second: str) -> None:
     first = stack.addr("scheduler")
     async with grpc.aio.insecure_channel(stack.addr("frontend")) as channel:
@@ -98,14 +103,14 @@ async def spread_then_kill(stack: LocalStack, second: str) -> None:
                 pass
             assert time.monotonic() < deadline, "the frontend never attached to replica B"
             await asyncio.sleep(0.1)
-        calls = [stub.Generate(request(f"spread-{i}", 24), timeout=120) for i in range(6)]
-        seen = {first: 0, second: 0}
-        pending = asyncio.gather(*calls)
-        while not pending.done():
-            for addr in seen:
-                seen[addr] = max(seen[addr], await running(addr))
-            await asyncio.sleep(0.1)
-        await pending
+        # Each replica's prefix cache records what it computed: polling num_running
+        # instead races requests that finish between two polls.
+        before = {addr: await cached(addr) for addr in (first, second)}
+        assert before == {first: 0, second: 0}, f"replicas were not fresh: {before}"
+        await asyncio.gather(
+            *(stub.Generate(request(f"spread-{i}", 24), timeout=120) for i in range(6))
+        )
+        seen = {addr: await cached(addr) for addr in (first, second)}
         assert seen[first] > 0 and seen[second] > 0, f"load did not spread: {seen}"
 
         stream = stub.GenerateStream(request("victim", 400), timeout=120)
