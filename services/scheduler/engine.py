@@ -75,10 +75,13 @@ class StepPlan:
     prefix_lens: list[int] = field(default_factory=list)  # tokens already in KV before this step
     rids: set[str] = field(default_factory=set)
 
-    def forward_plan(self, logit_rows: list[int], spans: list[PromptSpan]) -> ForwardPlan:
+    def forward_plan(
+        self, logit_rows: list[int], spans: list[PromptSpan], *, copy_slots: bool = False
+    ) -> ForwardPlan:
         """What the model runner needs of this plan; call once scheduling is done (the
-        requests' slot lists are complete then)."""
-        kv_slots = [r.kv_slots for r in self.reqs]
+        requests' slot lists are complete then). ``copy_slots`` for a runner on another
+        thread: the engine thread goes on growing the live lists while it reads them."""
+        kv_slots = [list(r.kv_slots) if copy_slots else r.kv_slots for r in self.reqs]
         return ForwardPlan(self.chunks, self.prefix_lens, kv_slots, logit_rows, spans)
 
 
@@ -413,9 +416,7 @@ class Scheduler:
     def _launch(self, plan: StepPlan, previous: InflightStep | None = None) -> InflightStep:
         assert self._worker is not None
         reqs = plan.reqs
-        logit_rows = list(range(len(reqs)))
-        kv_slots = [list(r.kv_slots) for r in reqs]  # the worker reads them while we plan
-        forward = ForwardPlan(plan.chunks, plan.prefix_lens, kv_slots, logit_rows)
+        forward = plan.forward_plan(list(range(len(reqs))), [], copy_slots=True)
         for req in reqs:
             req.num_inflight += 1
         future = self._worker.submit(forward, reqs, previous)
