@@ -60,6 +60,17 @@ class LogitsProcessor:
         self._mask_stops_before_min_tokens(logits, reqs)
         self.grammar_mask(logits, reqs)
 
+    @staticmethod
+    def edits(req: Req) -> bool:
+        """Whether this step's ``__call__`` may change the request's row."""
+        params = req.params
+        return (
+            has_penalties(params)
+            or bool(params.logit_bias)
+            or len(req.output_ids) < params.min_new_tokens
+            or req.grammar is not None
+        )
+
     def record(self, reqs: Sequence[Req], token_ids: Sequence[int]) -> None:
         """Count each request's newly sampled token for its later penalties, and advance
         its grammar by it."""

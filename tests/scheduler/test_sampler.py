@@ -426,3 +426,54 @@ def test_argmax_rows_on_a_vocabulary_row_with_the_maximum_in_the_ragged_tail() -
     values[2, 5] = math.nan  # NaN counts as the maximum, as in torch.argmax
     assert argmax_rows(values).tolist() == [129_280, 129_279, 5]
     assert torch.equal(argmax_rows(values), values.argmax(dim=-1))
+
+
+_BF16_SPECIALS = {  # bit patterns as int16: signed zeros, infinities and NaNs of both signs
+    "+0": 0x0000,
+    "-0": -0x8000,
+    "+inf": 0x7F80,
+    "-inf": -0x0080,
+    "+nan": 0x7FC0,
+    "-nan": -0x0040,
+}
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    num_rows=st.integers(1, 4),
+    width=st.integers(512, 1_500),  # from 4 blocks of 128 up: the bit-pattern path
+    levels=st.sampled_from([[1.0, 2.0], [-3.0, -1.0], [-1.0, 0.0], [0.5, 2.0, -2.0]]),
+    special=st.sampled_from([None, *_BF16_SPECIALS]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_argmax_rows_of_bfloat16_is_torch_argmax(
+    num_rows: int, width: int, levels: list[float], special: str | None, seed: int
+) -> None:
+    """Few distinct values (ties must go to the first), all-negative rows, signed zeros,
+    infinities and NaNs of either sign: the int16 shortcut must agree everywhere."""
+    gen = torch.Generator().manual_seed(seed)
+    choice = torch.randint(0, len(levels), (num_rows, width), generator=gen)
+    values = torch.tensor(levels)[choice].to(torch.bfloat16)
+    if special is not None:
+        bits = torch.tensor([_BF16_SPECIALS[special]], dtype=torch.int16)
+        column = int(torch.randint(0, width, (1,), generator=gen))
+        values[-1, column] = bits.view(torch.bfloat16)[0]
+    assert torch.equal(argmax_rows(values), values.argmax(dim=-1))
+    dense = torch.randn(num_rows, width, generator=gen).to(torch.bfloat16)
+    assert torch.equal(argmax_rows(dense), dense.argmax(dim=-1))
+
+
+def test_plain_greedy_rows_are_chosen_in_the_models_dtype_and_edited_rows_are_not() -> None:
+    """A bfloat16 batch of plain greedy rows is argmaxed as is; a row with a logit bias
+    (or logprobs) still goes through the float32 path, and both give the reference."""
+    logits = (torch.randn(3, 2_000, generator=torch.Generator().manual_seed(5)) * 3).bfloat16()
+    plain = [make_req(f"p{i}", [2, 3], temperature=0.0) for i in range(3)]
+    expected = logits.float().argmax(dim=-1).tolist()
+    assert Sampler().sample(logits.clone(), plain).token_ids == expected
+    biased = make_req("b", [2, 3], temperature=0.0, logit_bias={7: 1e4})
+    out = Sampler().sample(logits.clone(), [plain[0], biased, plain[2]])
+    assert out.token_ids == [expected[0], 7, expected[2]]
+    with_logprobs = make_req("l", [2, 3], temperature=0.0)
+    with_logprobs.return_logprob = True
+    out = Sampler().sample(logits.clone(), [with_logprobs])
+    assert out.token_ids == expected[:1] and out.logprobs[0] is not None
