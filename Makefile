@@ -14,7 +14,7 @@ BUF := $(VENV)/bin/buf
 # `make proto-check` compares the working tree's protos with this branch.
 PROTO_AGAINST ?= main
 
-.PHONY: all setup proto model run test lint fmt bench clean descriptor proto-check soak containers-test
+.PHONY: all setup proto model kernels run test lint fmt bench clean descriptor proto-check soak containers-test
 
 all: setup
 
@@ -49,7 +49,13 @@ proto-check: $(STAMP)
 $(MODEL_DIR)/config.json: | $(STAMP)
 	$(PY) -m services.common.default_model --out $(MODEL_DIR)
 
-model: setup $(MODEL_DIR)/config.json
+# The sampler's compiled dense-row kernel for this machine (block_mass_kernel.py): built
+# once, kept while torch, the CPU and the kernel are unchanged; where it cannot be built (no
+# C++ compiler) the engine samples eagerly, so a failure here stops nothing.
+kernels: $(MODEL_DIR)/config.json
+	-$(PY) -m services.scheduler.block_mass_kernel --model $(MODEL_DIR)
+
+model: setup $(MODEL_DIR)/config.json kernels
 
 run: model
 	$(PY) -m services.launch --model $(MODEL_DIR)

@@ -34,7 +34,9 @@ from services.common.sampling_params import SamplingParams
 from services.common.tokenizer import load_tokenizer
 from services.scheduler.attention import ATTENTION_BACKENDS
 from services.scheduler.engine import Scheduler, SchedulerConfig
+from services.scheduler.engine_build import attach_sampler_kernel
 from services.scheduler.forward_batch import ForwardBatch
+from services.scheduler.host_memory import keep_freed_memory
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.config import ModelConfig
 from services.scheduler.model.dtype import AUTO, DTYPES, choose_dtype
@@ -100,6 +102,7 @@ def parse_args() -> BenchArgs:
 def build(args: BenchArgs, overlap: bool = False) -> Scheduler:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
+    keep_freed_memory()  # as build_engine does for the serving engine
     device = torch.device(args.device)
     choice = choose_dtype(args.dtype, ModelConfig.from_dir(args.model).dtype, device)
     print(f"dtype {choice.name} ({choice.reason})", flush=True)
@@ -116,7 +119,10 @@ def build(args: BenchArgs, overlap: bool = False) -> Scheduler:
     sched_config = SchedulerConfig(
         max_running_requests=max_c, max_num_batched_tokens=1024, overlap_schedule=overlap
     )
-    return Scheduler(model, pool, stop_checker, sched_config, args.device)
+    scheduler = Scheduler(model, pool, stop_checker, sched_config, args.device)
+    attach_sampler_kernel(scheduler, args.model, choice.dtype, device)
+    print(f"sampler: {'compiled kernel' if scheduler.sampler.block_mass else 'eager'}", flush=True)
+    return scheduler
 
 
 def sync(device: str) -> None:
@@ -198,9 +204,12 @@ def bare_forward(
     batch = ForwardBatch.build(
         [[1000 + i] for i in range(len(seq_lens))], [n - 1 for n in seq_lens], slots, device
     )
+    model = scheduler.runner.model
     sync(device)
     t0 = time.perf_counter()
-    scheduler.runner.model.forward(batch, scheduler.kv_pool)
+    with torch.inference_mode():  # as ModelRunner runs it: logits in the model's dtype
+        hidden = model.hidden_states(batch, model.attn_backend.plan(batch), scheduler.kv_pool)
+        model.compute_logits(hidden)
     sync(device)
     return time.perf_counter() - t0
 

@@ -11,7 +11,9 @@ import torch
 
 from services.common.tls import TlsSettings
 from services.common.tokenizer import load_tokenizer
+from services.scheduler.block_mass_kernel import BlockMassKernel
 from services.scheduler.engine import Scheduler, SchedulerConfig
+from services.scheduler.host_memory import keep_freed_memory
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.config import ModelConfig
 from services.scheduler.model.dtype import choose_dtype
@@ -54,6 +56,7 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
     the model runs in."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
+    keep_freed_memory()
     device = torch.device(config.device)
     choice = choose_dtype(config.dtype, ModelConfig.from_dir(config.model).dtype, device)
     model, model_config = load_model(config.model, choice.dtype, device, config.attention_backend)
@@ -83,9 +86,28 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
         ),
         device,
     )
+    attach_sampler_kernel(scheduler, config.model, choice.dtype, device)
     if config.overlap_schedule:
         logger.info("overlap scheduling on: decode steps chain on a forward worker thread")
     return scheduler, choice.name
+
+
+def attach_sampler_kernel(
+    scheduler: Scheduler, model_dir: str, dtype: torch.dtype, device: torch.device
+) -> None:
+    """Give the sampler the compiled dense-row kernel built for this machine, if any."""
+    if device.type != "cpu":
+        return
+    kernel = BlockMassKernel.load(model_dir, dtype, scheduler.limits.vocab_size)
+    scheduler.sampler.block_mass = kernel
+    if kernel is None:
+        logger.info(
+            "sampler: eager (no compiled kernel for this machine; "
+            "python -m services.scheduler.block_mass_kernel --model %s builds one)",
+            model_dir,
+        )
+    else:
+        logger.info("sampler: compiled dense-row kernel for %s", dtype)
 
 
 def create_kv_pool(

@@ -20,12 +20,13 @@ import torch
 import torch.nn.functional as F
 
 from services.common.sampling_params import SamplingParams
+from services.scheduler.block_mass_kernel import BlockMassKernel
 from services.scheduler.logits_processor import LogitsProcessor, index_tensor
 from services.scheduler.req import LogprobEntry, Req
+from services.scheduler.row_argmax import BLOCK, argmax_rows
 
 CANDIDATE_CAP = 1024
 """Candidates a top-p row without top-k starts from (a peaked nucleus fits easily)."""
-_BLOCK = 128  # entries per block of the two-stage inverse CDF over a whole vocabulary
 _NUM_BINS = 1024  # log-probability bins that locate a wide top-p nucleus's edge
 _TINY = torch.finfo(torch.float32).tiny
 
@@ -79,81 +80,48 @@ def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     pass that cost 13x the block sums at batch 32 over 129,280 entries here.
     """
     num_rows, width = weights.shape
-    if width <= 4 * _BLOCK:
+    if width <= 4 * BLOCK:
         return _search(weights, uniforms)
-    pad = -width % _BLOCK
-    blocks = (F.pad(weights, (0, pad)) if pad else weights).view(num_rows, -1, _BLOCK)
-    block_sums = blocks.sum(dim=-1)
+    pad = -width % BLOCK
+    blocks = (F.pad(weights, (0, pad)) if pad else weights).view(num_rows, -1, BLOCK)
+    block, targets = _pick_blocks(blocks.sum(dim=-1), uniforms)
+    inside = blocks.gather(1, block.unsqueeze(2).expand(-1, -1, BLOCK)).squeeze(1)
+    offset = _search(inside, uniforms, targets)
+    return (block * BLOCK + offset).clamp_max_(width - 1)
+
+
+def _pick_blocks(
+    block_sums: torch.Tensor, uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """First stage of the inverse CDF: per row the block [n, 1] where ``u * total`` falls,
+    and what is left of that target [n, 1] once the blocks before it are passed."""
     cdf = block_sums.cumsum(dim=-1)
     targets = uniforms.unsqueeze(1) * cdf[:, -1:]
     block = torch.searchsorted(cdf, targets, right=True).clamp_max_(cdf.shape[-1] - 1)
     mass_before = torch.where(block > 0, cdf.gather(1, (block - 1).clamp_min(0)), 0.0)
-    inside = blocks.gather(1, block.unsqueeze(2).expand(-1, -1, _BLOCK)).squeeze(1)
-    offset = _search(inside, uniforms, targets - mass_before)
-    return (block * _BLOCK + offset).clamp_max_(width - 1)
+    return block, targets - mass_before
 
 
-def argmax_rows(values: torch.Tensor) -> torch.Tensor:
-    """``torch.argmax(values, dim=-1)`` of [n, V]: each row's first maximum (NaN counts as
-    the maximum, as there).
-
-    On CPU torch's argmax is a scalar loop: 2.2 ms over [32, 129,280] on the AMD EPYC here,
-    where the vectorised ``amax`` takes 0.13. So the maximum of each ``_BLOCK`` entries is
-    taken first; the first block holding the row's maximum holds its first occurrence,
-    and only that block is searched. A ragged last block is searched through a full-width
-    window ending at the row's end: entries it shares with the block before are all below
-    the maximum, or that block would have been chosen. bfloat16 rows go through their bits
-    (``_argmax_bf16_rows``).
-    """
-    if values.device.type != "cpu" or values.shape[-1] < 4 * _BLOCK:
-        return values.argmax(dim=-1)
-    if values.dtype == torch.bfloat16:
-        return _argmax_bf16_rows(values)
-    return _search_first_block(values, _block_maxima(values))
-
-
-def _block_maxima(values: torch.Tensor) -> torch.Tensor:
-    """[n, ceil(V / _BLOCK)]: the maximum of each block of each row, the ragged tail last."""
-    num_rows, width = values.shape
-    num_full = width // _BLOCK
-    maxima = values[:, : num_full * _BLOCK].unflatten(-1, (num_full, _BLOCK)).amax(dim=-1)
-    if width % _BLOCK:
-        tail = values[:, num_full * _BLOCK :].amax(dim=-1, keepdim=True)
-        maxima = torch.cat((maxima, tail), dim=-1)
-    return maxima
-
-
-def _search_first_block(values: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
-    """Each row's argmax inside the first block whose maximum (``maxima``) is the row's."""
-    width = values.shape[-1]
-    start = (maxima.argmax(dim=-1) * _BLOCK).clamp_max_(width - _BLOCK)
-    window = start.unsqueeze(1) + torch.arange(_BLOCK, device=values.device)
-    return start + values.gather(1, window).argmax(dim=-1)
-
-
-_BF16_INF_BITS = 0x7F80  # +inf; positive bfloat16 bit patterns above it are NaN
-
-
-def _argmax_bf16_rows(values: torch.Tensor) -> torch.Tensor:
-    """``argmax_rows`` of bfloat16 rows, read as int16 bit patterns.
-
-    torch reduces bfloat16 through float32 and slowly: the block maxima of [32, 129,280]
-    take 1.2 ms on the AMD EPYC here, the same maxima of the int16 view 0.2 ms, and
-    converting to float32 first costs a 16 MB copy. A positive bfloat16's bits order like
-    its value, so in a row whose maximum is positive the largest bits are the largest
-    value, and equal bits are equal values. A row whose maximum is not positive (negative
-    patterns order backwards; -0.0 equals +0.0), or which holds a NaN (its bfloat16 sum
-    is NaN), takes the float32 path.
-    """
-    bits = values.view(torch.int16)
-    maxima = _block_maxima(bits)
-    top = maxima.amax(dim=-1)
-    by_bits = (top > 0) & (top <= _BF16_INF_BITS) & ~values.sum(dim=-1).isnan()
-    index = _search_first_block(values, maxima)
-    if not bool(by_bits.all()):
-        others = (~by_bits).nonzero().squeeze(1)
-        index[others] = argmax_rows(values[others].float())
-    return index
+def draw_by_block_mass(
+    logits: torch.Tensor,
+    inv_temperature: torch.Tensor,
+    kernel: BlockMassKernel,
+    uniforms: torch.Tensor,
+) -> torch.Tensor:
+    """One token per row of ``softmax(logits * inv_temperature)``, the block sums from the
+    compiled ``kernel``: a block by its mass, then the entry inside it, whose 128 weights
+    are recomputed from the logits. A chosen weight of 0 (``u * total`` rounding up to the
+    total) falls back to the row's argmax, as ``Candidates.draw`` does."""
+    top, mass = kernel(logits, inv_temperature)
+    block, targets = _pick_blocks(mass, uniforms)
+    window = block * BLOCK + torch.arange(BLOCK, device=logits.device)
+    inside = torch.exp(logits.gather(1, window).float() * inv_temperature - top)
+    offset = _search(inside, uniforms, targets)
+    tokens = (block * BLOCK + offset).squeeze(1)
+    is_kept = inside.gather(1, offset).squeeze(1) > 0
+    if bool(is_kept.all()):
+        return tokens
+    return torch.where(is_kept, tokens, argmax_rows(logits))
 
 
 def _search(
@@ -180,11 +148,13 @@ class Sampler:
         device: torch.device | str = "cpu",
         eos_token_ids: set[int] | frozenset[int] = frozenset(),
         candidate_cap: int = CANDIDATE_CAP,
+        block_mass: BlockMassKernel | None = None,
     ) -> None:
         if candidate_cap < 1:
             raise ValueError(f"candidate_cap must be >= 1, got {candidate_cap}")
         self.processor = LogitsProcessor(eos_token_ids)
         self.candidate_cap = candidate_cap
+        self.block_mass = block_mass  # the compiled dense-row kernel, where one was built
         self._default_generator = torch.Generator(device=device)
         self._default_generator.seed()
 
@@ -199,10 +169,12 @@ class Sampler:
         A batch of plain greedy rows (no logprobs, nothing to edit) is argmaxed in the
         model's dtype: the float32 copy alone costs as much as the argmax.
         """
-        if all(_is_plain_greedy(req) for req in reqs):
-            token_ids = argmax_rows(logits).tolist()
-            self.processor.record(reqs, token_ids)
-            return SampleOutput(token_ids, [None] * len(reqs))
+        if all(_is_plain(req, logits.shape[-1]) for req in reqs):
+            plain = self._choose_plain(logits, reqs)
+            if plain is not None:
+                token_ids = plain.tolist()
+                self.processor.record(reqs, token_ids)
+                return SampleOutput(token_ids, [None] * len(reqs))
         logits = logits.float()
         logprob_rows = [i for i, r in enumerate(reqs) if r.return_logprob]
         raw_logprobs = (
@@ -220,6 +192,27 @@ class Sampler:
             for i, entry in zip(logprob_rows, entries, strict=True):
                 logprobs[i] = entry
         return SampleOutput(token_ids, logprobs)
+
+    def _choose_plain(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor | None:
+        """Plain rows in the model's dtype: greedy ones by their argmax, temperature-only
+        ones through the compiled kernel; None when some row needs the float32 path."""
+        greedy = [i for i, r in enumerate(reqs) if r.params.is_greedy]
+        if len(greedy) == len(reqs):
+            return argmax_rows(logits)
+        kernel = self.block_mass
+        if kernel is None or not kernel.fits(logits):
+            return None
+        device = logits.device
+        tokens = torch.zeros(len(reqs), dtype=torch.int64, device=device)
+        if greedy:
+            tokens[index_tensor(greedy, device)] = argmax_rows(_rows(logits, greedy))
+        sampled = [i for i, r in enumerate(reqs) if not r.params.is_greedy]
+        index = index_tensor(sampled, device)
+        inv_temperature = 1.0 / _row_values(reqs, sampled, "temperature", device)
+        uniforms = self._uniforms(reqs, device)[index]
+        rows = _rows(logits, sampled)
+        tokens[index] = draw_by_block_mass(rows, inv_temperature, kernel, uniforms)
+        return tokens
 
     def candidates(self, logits: torch.Tensor, reqs: Sequence[Req]) -> list[Candidates]:
         """What every sampled (non-greedy) row draws from, in groups with disjoint rows:
@@ -266,8 +259,15 @@ class Sampler:
         return uniforms
 
 
-def _is_plain_greedy(req: Req) -> bool:
-    return req.params.is_greedy and not req.return_logprob and not LogitsProcessor.edits(req)
+def _is_plain(req: Req, vocab: int) -> bool:
+    """Nothing but an argmax or a temperature draw over the whole row: no logprobs, no
+    edits, no top-k / top-p / min-p."""
+    params = req.params
+    if req.return_logprob or LogitsProcessor.edits(req):
+        return False
+    return params.is_greedy or (
+        params.min_p == 0.0 and _candidate_count(params, vocab, CANDIDATE_CAP) is None
+    )
 
 
 def _candidate_count(params: SamplingParams, vocab: int, cap: int) -> int | None:

@@ -12,7 +12,8 @@ from scipy.stats import chisquare
 
 from services.scheduler.logits_processor import LogitsProcessor
 from services.scheduler.req import Req
-from services.scheduler.sampler import Candidates, Sampler, argmax_rows, nucleus_mask
+from services.scheduler.row_argmax import argmax_rows
+from services.scheduler.sampler import Candidates, Sampler, nucleus_mask
 from tests.scheduler.factories import make_req
 
 VOCAB = 12

@@ -189,8 +189,9 @@ class LlamaForCausalLM(nn.Module):
         return self.model(batch.input_ids, ctx)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits [rows, vocab] of the given hidden rows."""
-        return self.lm_head(hidden).float()
+        """Logits [rows, vocab] of the given hidden rows, in the model's dtype: the sampler
+        converts only what needs float32 (a greedy or temperature-only batch does not)."""
+        return self.lm_head(hidden)
 
     @torch.inference_mode()
     def forward(
@@ -206,4 +207,4 @@ class LlamaForCausalLM(nn.Module):
         if not all_logits:
             last_rows = torch.tensor(batch.extend_lens, dtype=torch.int64, device=hidden.device)
             hidden = hidden[last_rows.cumsum(0) - 1]
-        return self.compute_logits(hidden)
+        return self.compute_logits(hidden).float()

@@ -72,7 +72,7 @@ def test_loading_on_cpu_packs_every_linear_and_keeps_the_tied_embedding(
         dense = torch.nn.functional.linear(hidden, model.model.embed_tokens.weight).float()
         tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
         torch.testing.assert_close(
-            model.compute_logits(hidden), dense, rtol=tolerance, atol=tolerance
+            model.compute_logits(hidden).float(), dense, rtol=tolerance, atol=tolerance
         )
 
 
