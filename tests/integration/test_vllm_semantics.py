@@ -59,7 +59,7 @@ def gen_stack(
     folder = tmp_path_factory.mktemp("genconfig") / "tokenline-tiny-genconfig"
     folder.mkdir()
     for item in default_model_dir.iterdir():
-        if item.suffix == ".safetensors":
+        if item.suffix == ".safetensors" or item.is_dir():  # weights, compiled kernels
             (folder / item.name).symlink_to(item)
         else:
             shutil.copy(item, folder / item.name)
