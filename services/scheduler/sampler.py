@@ -166,8 +166,9 @@ class Sampler:
     def sample(self, logits: torch.Tensor, reqs: Sequence[Req]) -> SampleOutput:
         """One token per row of ``logits`` (consumed: edited in place when float32).
 
-        A batch of plain greedy rows (no logprobs, nothing to edit) is argmaxed in the
-        model's dtype: the float32 copy alone costs as much as the argmax.
+        A batch of plain rows (greedy or temperature-only, no logprobs, nothing to edit)
+        stays in the model's dtype: a float32 copy of [32, 129,280] logits costs as much as
+        the argmax, and the compiled kernel reads bf16 itself. Any other batch is converted.
         """
         if all(_is_plain(req, logits.shape[-1]) for req in reqs):
             plain = self._choose_plain(logits, reqs)
