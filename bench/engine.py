@@ -36,7 +36,6 @@ from services.scheduler.attention import ATTENTION_BACKENDS
 from services.scheduler.engine import Scheduler, SchedulerConfig
 from services.scheduler.engine_build import attach_sampler_kernel
 from services.scheduler.forward_batch import ForwardBatch
-from services.scheduler.host_memory import keep_freed_memory
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.config import ModelConfig
 from services.scheduler.model.dtype import AUTO, DTYPES, choose_dtype
@@ -102,7 +101,6 @@ def parse_args() -> BenchArgs:
 def build(args: BenchArgs, overlap: bool = False) -> Scheduler:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
-    keep_freed_memory()  # as build_engine does for the serving engine
     device = torch.device(args.device)
     choice = choose_dtype(args.dtype, ModelConfig.from_dir(args.model).dtype, device)
     print(f"dtype {choice.name} ({choice.reason})", flush=True)

@@ -13,7 +13,6 @@ from services.common.tls import TlsSettings
 from services.common.tokenizer import load_tokenizer
 from services.scheduler.block_mass_kernel import BlockMassKernel
 from services.scheduler.engine import Scheduler, SchedulerConfig
-from services.scheduler.host_memory import keep_freed_memory
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.config import ModelConfig
 from services.scheduler.model.dtype import choose_dtype
@@ -56,7 +55,6 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
     the model runs in."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    keep_freed_memory()
     device = torch.device(config.device)
     choice = choose_dtype(config.dtype, ModelConfig.from_dir(config.model).dtype, device)
     model, model_config = load_model(config.model, choice.dtype, device, config.attention_backend)
