@@ -53,9 +53,11 @@ def test_a_full_scheduler_gives_429_with_retry_after_and_serves_again(stack: Loc
             assert refused.headers["retry-after"] == "1"
             assert refused.headers["content-type"].startswith("application/json")
             assert refused.json()["error"]["type"] == "rate_limit_error"
-    # The streams above were closed, which aborts them; the slots come back within 2 s.
+    # The streams above were closed, which aborts them, and the slots come back: usually
+    # within a few hundred ms; the bound is loose because a busy CI machine once needed
+    # more than 2 s (this checks recovery, not its speed).
     unary = body | {"stream": False, "max_tokens": 4}
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + 15.0
     resp = httpx.post(url, json=unary, timeout=60)
     while resp.status_code == 429 and time.monotonic() < deadline:
         time.sleep(0.05)
