@@ -60,7 +60,7 @@ class ForwardPlan:
 
 @dataclass(frozen=True, slots=True)
 class ForwardOutput:
-    logits: torch.Tensor  # [len(plan.logit_rows), vocab] float32, see ``ModelRunner.forward``
+    logits: torch.Tensor  # [len(plan.logit_rows), vocab] model dtype, see ``ModelRunner.forward``
     prompt_logprobs: list[list[PromptLogprob]]  # per plan.prompt_spans entry
 
 
@@ -83,8 +83,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, plan: ForwardPlan) -> torch.Tensor:
-        """float32 logits [len(plan.logit_rows), vocab]: row j belongs to request
-        ``plan.logit_rows[j]`` and is the model's output at its last new token.
+        """Logits [len(plan.logit_rows), vocab] in the model's dtype (the sampler converts
+        what needs float32): row j belongs to request ``plan.logit_rows[j]`` and is the
+        model's output at its last new token.
 
         The LM head runs on those rows only; a step that samples nothing (a prompt chunk
         that does not finish its prompt) still computes and stores its K/V.
