@@ -96,15 +96,10 @@ def kernel_path(model_dir: str | Path, dtype: torch.dtype, vocab: int) -> Path:
 
 def kernel_key(dtype: torch.dtype, vocab: int) -> str:
     """What the compiled machine code depends on; anything else gets another file."""
-    parts = [
-        str(dtype).removeprefix("torch."),
-        str(vocab),
-        torch.__version__,
-        _cpu_flags(),
-        inspect.getsource(_BlockMass),
-    ]
+    dtype_name = str(dtype).removeprefix("torch.")
+    parts = [dtype_name, str(vocab), torch.__version__, _cpu_flags(), inspect.getsource(_BlockMass)]
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-    return f"block_mass-{str(dtype).removeprefix('torch.')}-v{vocab}-{digest}"
+    return f"block_mass-{dtype_name}-v{vocab}-{digest}"
 
 
 def _cpu_flags() -> str:
