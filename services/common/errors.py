@@ -84,15 +84,6 @@ def field_of(exc: grpc.aio.AioRpcError) -> str | None:
     return None
 
 
-def _details_trailer(exc: grpc.aio.AioRpcError) -> tuple[tuple[str, bytes], ...]:
-    """The rich-status trailer of an upstream failure, to pass on unchanged."""
-    return tuple(
-        (key, value)
-        for key, value in exc.trailing_metadata() or ()
-        if key == rpc_status.GRPC_DETAILS_METADATA_KEY
-    )
-
-
 class InvalidArgumentError(TokenlineError):
     code = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -113,16 +104,27 @@ class UnavailableError(TokenlineError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+def status_of(exc: BaseException) -> status_pb2.Status:
+    """The one mapping of a handler's failure onto a ``google.rpc.Status``: a domain
+    error's own code and field, an upstream call's status passed on unchanged, and for
+    anything else INTERNAL naming only the exception's type (the traceback is logged)."""
     if isinstance(exc, TokenlineError):
-        status = exc.status()
-        await context.abort(status.code, status.details, status.trailing_metadata)
+        return exc.rich_status()
     if isinstance(exc, grpc.aio.AioRpcError):
-        # An upstream service failed: pass its status on (field included), not a traceback.
+        for key, value in exc.trailing_metadata() or ():
+            if key == rpc_status.GRPC_DETAILS_METADATA_KEY:
+                return status_pb2.Status.FromString(value)
         details = exc.details() or "upstream error"
-        await context.abort(exc.code(), details, _details_trailer(exc))
-    logger.exception("unhandled error in gRPC handler")
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+        return status_pb2.Status(code=exc.code().value[0], message=details)
+    logger.error("unhandled error in gRPC handler", exc_info=exc)
+    return status_pb2.Status(
+        code=grpc.StatusCode.INTERNAL.value[0], message=f"internal error: {type(exc).__name__}"
+    )
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    status = rpc_status.to_status(status_of(exc))
+    await context.abort(status.code, status.details, status.trailing_metadata)
 
 
 def grpc_errors(handler: Callable[..., Any]) -> Callable[..., Any]:
