@@ -71,10 +71,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the scheduler's --overlap-schedule, for the engine and the stack alike",
     )
     p.add_argument(
+        "--no-multiplex",
+        action="store_true",
+        help="the gateway's --no-multiplex: one frontend RPC per stream, as before",
+    )
+    p.add_argument(
         "--out",
         type=Path,
         default=None,
-        help="JSON path (default bench/results/split[-intervalN][-overlap].json)",
+        help="JSON path (default bench/results/split[-intervalN][-overlap][-per-request].json)",
     )
     p.add_argument("--floor-messages", type=int, default=None, help="default: --output-len")
     return p.parse_args(argv)
@@ -240,7 +245,8 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
 def default_out(args: argparse.Namespace) -> Path:
     interval = "" if args.stream_interval == 1 else f"-interval{args.stream_interval}"
     overlap = "-overlap" if args.overlap_schedule else ""
-    return RESULTS / f"split{interval}{overlap}.json"
+    transport = "-per-request" if args.no_multiplex else ""
+    return RESULTS / f"split{interval}{overlap}{transport}.json"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -251,7 +257,11 @@ def main(argv: list[str] | None = None) -> None:
     scheduler, dtype = build_engine(scheduler_args(["--model", args.model, *flags]))
     out = args.out or default_out(args)
     stack = LocalStack(
-        args.model, StackPorts.free(), log_dir=out.parent / "split-logs", scheduler_args=flags
+        args.model,
+        StackPorts.free(),
+        log_dir=out.parent / "split-logs",
+        scheduler_args=flags,
+        gateway_args=["--no-multiplex"] if args.no_multiplex else [],
     )
     stack.start(timeout=300)
     try:

@@ -33,14 +33,13 @@ def create_app(config: GatewayConfig, channel_factory: ChannelFactory | None = N
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
         # grpc.aio channels bind to the running loop, so create it here, not at import.
         channel = make_channel(config)
+        frontend = FrontendClient(channel, config.request_timeout_s, multiplex=config.multiplex)
         try:
             # Lifespan state: handlers read these as request.state.frontend / .metrics.
-            yield {
-                "frontend": FrontendClient(channel, config.request_timeout_s),
-                "metrics": metrics,
-                "config": config,
-            }
+            yield {"frontend": frontend, "metrics": metrics, "config": config}
         finally:
+            if frontend.mux is not None:
+                await frontend.mux.close()
             await channel.close()
 
     app = FastAPI(

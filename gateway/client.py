@@ -8,8 +8,9 @@ aborts the request upstream instead of decoding for nobody.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -18,6 +19,7 @@ from tokenline.v1 import frontend_pb2_grpc
 
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
+from gateway.multiplex import FrontendMux
 from services.common.grpc_server import READINESS_SERVICE
 from services.common.tls import open_channel
 
@@ -39,18 +41,40 @@ def create_channel(config: GatewayConfig) -> grpc.aio.Channel:
     )
 
 
-class FrontendClient:
-    """Stubs over one channel, plus the per-request call options every RPC uses."""
+class StreamCall(Protocol):
+    """What the SSE relay reads: a server-streaming call, or one multiplexed stream."""
 
-    def __init__(self, channel: grpc.aio.Channel, timeout_s: float | None) -> None:
+    def read(self) -> Awaitable[Any]: ...
+
+    def cancel(self) -> bool: ...
+
+
+class FrontendClient:
+    """Stubs over one channel, plus the per-request call options every RPC uses.
+
+    With `mux`, streamed chat and completions go over its one Multiplex call; without,
+    each is its own server-streaming RPC (`--no-multiplex`)."""
+
+    def __init__(
+        self, channel: grpc.aio.Channel, timeout_s: float | None, *, multiplex: bool = False
+    ) -> None:
         self.channel = channel
         self.stub = frontend_pb2_grpc.FrontendServiceStub(channel)
         self._health = health_pb2_grpc.HealthStub(channel)
         self._timeout_s = timeout_s
+        self.mux = FrontendMux(self.stub, timeout_s) if multiplex else None
 
     def options(self, request_id: str) -> dict[str, Any]:
         """Deadline and request id for one call (`stub.X(req, **client.options(rid))`)."""
         return {"timeout": self._timeout_s, "metadata": (("x-request-id", request_id),)}
+
+    def stream_starter(self, kind: str, request: Any, request_id: str) -> Callable[[], StreamCall]:
+        """How to start streaming `request` ("chat" or "completion"): a multiplexed
+        stream, or the matching `*Stream` RPC."""
+        if self.mux is not None:
+            return partial(self.mux.open, kind, request)
+        rpc = self.stub.ChatCompletionStream if kind == "chat" else self.stub.CompletionStream
+        return partial(rpc, request, **self.options(request_id))
 
     async def is_ready(self) -> bool:
         """True when the frontend's readiness health check answers SERVING."""
@@ -67,7 +91,9 @@ async def _wait_for_disconnect(request: Request) -> None:
         pass
 
 
-async def until_disconnected(request: Request, step: Awaitable[T], call: grpc.aio.Call) -> T:
+async def until_disconnected(
+    request: Request, step: Awaitable[T], call: grpc.aio.Call | StreamCall
+) -> T:
     """Await one step of `call`; if the HTTP client leaves first, cancel the call (499)."""
     result = asyncio.ensure_future(step)
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))

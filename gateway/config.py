@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from services.common.envs import env_default
+from services.common.envs import env_default, parse_bool
 from services.common.logs import add_logging_args
 from services.common.tls import TlsSettings, add_tls_flags, pop_tls_settings
 
@@ -28,6 +28,9 @@ class GatewayConfig:
     # gRPC deadline for each request (a stream's whole life); None: no deadline.
     request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
     drain_timeout_s: float = 30.0
+    # Streamed chat and completions over one Multiplex call (gateway/multiplex.py);
+    # False: one server-streaming RPC per request.
+    multiplex: bool = True
     log_level: str = "info"
     log_json: bool = False
     # The channel to the frontend; --tls-cert/--tls-key are only its client identity here
@@ -86,6 +89,13 @@ def create_parser() -> argparse.ArgumentParser:
         type=_non_negative_float,
         default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, _non_negative_float),
     )
+    p.add_argument(
+        "--multiplex",
+        action=argparse.BooleanOptionalAction,
+        default=env_default("TOKENLINE_MULTIPLEX", True, parse_bool),
+        help="stream chat and completions over one Multiplex call to the frontend "
+        "(--no-multiplex: one server-streaming RPC per request)",
+    )
     add_logging_args(p, default_level="info")
     add_tls_flags(p)
     return p
@@ -102,6 +112,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> GatewayConfig:
         max_body_bytes=args.max_body_bytes,
         request_timeout_s=args.request_timeout or None,
         drain_timeout_s=args.drain_timeout,
+        multiplex=args.multiplex,
         log_level=args.log_level.lower(),
         log_json=args.log_json,
         tls=pop_tls_settings(args),

@@ -58,7 +58,7 @@ async def chat_completions(body: ChatCompletionBody, request: Request) -> Respon
     return await respond(
         request,
         stream=body.stream,
-        start_stream=partial(client.stub.ChatCompletionStream, proto, **options),
+        start_stream=client.stream_starter("chat", proto, rid),
         start_unary=partial(client.stub.ChatCompletion, proto, **options),
         render_frame=partial(
             chat_chunk,
@@ -92,7 +92,7 @@ async def completions(body: CompletionBody, request: Request) -> Response:
     return await respond(
         request,
         stream=body.stream,
-        start_stream=partial(client.stub.CompletionStream, proto, **options),
+        start_stream=client.stream_starter("completion", proto, rid),
         start_unary=partial(client.stub.Completion, proto, **options),
         render_frame=partial(text_completion, **shape),
         render_whole=partial(completion_to_dict, **shape),

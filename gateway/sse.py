@@ -19,7 +19,7 @@ from google.protobuf.message import Message
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from gateway.client import until_disconnected
+from gateway.client import StreamCall, until_disconnected
 from gateway.errors import GatewayError, from_rpc_error
 from gateway.responses import JsonBody
 
@@ -39,9 +39,7 @@ def sse_frame(payload: dict[str, Any] | JsonBody) -> bytes:
     return b"data: " + text.encode("utf-8") + b"\n\n"
 
 
-async def relay(
-    call: grpc.aio.UnaryStreamCall, first: Message | Any, render: Render
-) -> AsyncIterator[bytes]:
+async def relay(call: StreamCall, first: Message | Any, render: Render) -> AsyncIterator[bytes]:
     """Frames for `first` and every later message; the call is cancelled however this ends.
 
     Starlette cancels this generator when the client disconnects; the `finally`
@@ -62,9 +60,7 @@ async def relay(
         call.cancel()
 
 
-async def stream_response(
-    request: Request, call: grpc.aio.UnaryStreamCall, render: Render
-) -> StreamingResponse:
+async def stream_response(request: Request, call: StreamCall, render: Render) -> StreamingResponse:
     """Wait for the first message so errors before any output get a real HTTP status."""
     try:
         first = await until_disconnected(request, call.read(), call)
@@ -80,7 +76,7 @@ async def respond(
     request: Request,
     *,
     stream: bool,
-    start_stream: Callable[[], grpc.aio.UnaryStreamCall],
+    start_stream: Callable[[], StreamCall],
     start_unary: Callable[[], grpc.aio.UnaryUnaryCall],
     render_frame: Render,
     render_whole: Callable[[Any], Any],

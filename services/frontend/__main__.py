@@ -31,6 +31,7 @@ from services.frontend.generation_config import (
 )
 from services.frontend.limits import ModelLimits, load_model_limits
 from services.frontend.metrics import FrontendMetrics
+from services.frontend.multiplex import StreamBudget
 from services.frontend.operations import Operations
 from services.frontend.reasoning_parsers import REASONING_PARSERS
 from services.frontend.request_log import log_finished
@@ -278,11 +279,15 @@ async def track_readiness(process: GrpcProcess, manager: TokenizerManager, name:
 
 
 async def serve(config: FrontendConfig) -> None:
-    ctx = create_serving_context(config, FrontendMetrics())
+    metrics = FrontendMetrics()
+    ctx = create_serving_context(config, metrics)
     manager = ctx.manager
     frontend_id = manager.frontend_id
     ops = Operations(ctx, model_path=config.model, metrics_port=config.metrics_port)
-    servicer = FrontendServicer(ChatServing(ctx), CompletionServing(ctx), GenerateServing(ctx), ops)
+    streams = StreamBudget(config.max_concurrent_rpcs, metrics)
+    servicer = FrontendServicer(
+        ChatServing(ctx), CompletionServing(ctx), GenerateServing(ctx), ops, streams
+    )
     process = GrpcProcess(
         host=config.host,
         port=config.port,
@@ -296,7 +301,7 @@ async def serve(config: FrontendConfig) -> None:
     manager.start()
 
     ready_task = asyncio.create_task(track_readiness(process, manager, frontend_id))
-    await process.serve_until_signal(config.drain_timeout)
+    await process.serve_until_signal(config.drain_timeout, on_drain=streams.begin_drain)
     ready_task.cancel()
     await manager.close()
     await ctx.batcher.close()

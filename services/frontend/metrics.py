@@ -52,6 +52,19 @@ class FrontendMetrics:
         self.aborts_sent = Gauge(
             "tokenline_frontend_aborts_sent", "AbortReq sent to schedulers", registry=registry
         )
+        self.mux_streams = Counter(
+            "tokenline_frontend_mux_streams",
+            "Multiplex streams ended, by request kind and the status they ended with "
+            "(CANCELLED: the client cancelled); per-request streams count as RPCs instead",
+            ["kind", "grpc_code"],
+            registry=registry,
+        )
+        self.mux_batch_frames = Histogram(
+            "tokenline_frontend_mux_batch_frames",
+            "frames per MuxBatch sent: how many streams' messages one gRPC message carried",
+            buckets=_BATCH,
+            registry=registry,
+        )
 
     def observe_finished(self, row: detokenizer_pb2.StrRow) -> None:
         """One choice's final row: its finish reason and its stage times."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any, TypeVar
 
@@ -13,6 +13,7 @@ import grpc
 from tokenline.v1 import frontend_pb2, frontend_pb2_grpc, openai_pb2, session_pb2
 
 from services.common.errors import InvalidArgumentError, grpc_errors
+from services.frontend.multiplex import StreamBudget, serve_multiplexed
 from services.frontend.operations import Operations
 from services.frontend.serving_chat import ChatServing
 from services.frontend.serving_completion import CompletionServing
@@ -57,6 +58,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
         completion: CompletionServing,
         generate: GenerateServing,
         ops: Operations,
+        streams: StreamBudget | None = None,
     ) -> None:
         self.chat = chat
         self.completion = completion
@@ -64,6 +66,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
         self.ops = ops
         self.ctx = chat.ctx
         self.started = int(time.time())
+        self.streams = streams if streams is not None else StreamBudget(None)
 
     @grpc_errors
     async def ChatCompletion(self, request, context):  # noqa: N802 - gRPC method names
@@ -82,6 +85,17 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
     async def CompletionStream(self, request, context):  # noqa: N802
         async for chunk in _closing_on_done(context, self.completion.stream(request)):
             yield chunk
+
+    @grpc_errors
+    async def Multiplex(self, request_iterator, context):  # noqa: N802
+        async for batch in serve_multiplexed(request_iterator, self._open_stream, self.streams):
+            yield batch
+
+    def _open_stream(self, request: frontend_pb2.MuxRequest) -> AsyncGenerator[Any, None]:
+        """A multiplexed stream's messages: what its per-request RPC would stream."""
+        if request.WhichOneof("kind") == "chat":
+            return self.chat.stream(request.chat)
+        return self.completion.stream(request.completion)
 
     @grpc_errors
     async def Generate(self, request, context):  # noqa: N802

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from tokenline.v1 import common_pb2, detokenizer_pb2, openai_pb2
@@ -171,7 +171,7 @@ class ChatServing(ServingBase):
 
     async def stream(
         self, request: openai_pb2.ChatCompletionRequest
-    ) -> AsyncIterator[openai_pb2.ChatCompletionChunk]:
+    ) -> AsyncGenerator[openai_pb2.ChatCompletionChunk, None]:
         if request.HasField("prompt_logprobs"):  # a stream has no place for them
             prompt_logprobs_top(request.prompt_logprobs, stream=True)
         prep = await self.prepare(request)

@@ -7,7 +7,7 @@ puts the prompt's text before the completion; ``suffix`` (insertion) is refused.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 
 from tokenline.v1 import common_pb2, openai_pb2
@@ -114,7 +114,7 @@ class CompletionServing(ServingBase):
 
     async def stream(
         self, request: openai_pb2.CompletionRequest
-    ) -> AsyncIterator[openai_pb2.CompletionChunk]:
+    ) -> AsyncGenerator[openai_pb2.CompletionChunk, None]:
         if request.HasField("prompt_logprobs"):  # a stream has no place for them
             prompt_logprobs_top(request.prompt_logprobs, stream=True)
         prep = await self.prepare(request)

@@ -29,6 +29,23 @@ def gateway_url(fake_frontend: FakeFrontend) -> Iterator[str]:
     server.stop()
 
 
+@pytest.fixture(scope="session", params=["multiplex", "per-request"])
+def stream_gateway_url(
+    request: pytest.FixtureRequest, fake_frontend: FakeFrontend
+) -> Iterator[str]:
+    """A gateway like `gateway_url`, once per way streams reach the frontend: all on one
+    Multiplex call (the default), or one server-streaming RPC each (`--no-multiplex`)."""
+    config = GatewayConfig(
+        frontend_addr=fake_frontend.address,
+        max_body_bytes=1 << 20,
+        request_timeout_s=10.0,
+        multiplex=request.param == "multiplex",
+    )
+    server = GatewayServer(config).start()
+    yield server.url
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def strict_gateway(fake_frontend: FakeFrontend) -> Iterator[StrictGateway]:
     spec = StrictGateway(url="")

@@ -20,6 +20,7 @@ from tokenline.v1 import common_pb2, frontend_pb2, frontend_pb2_grpc, generate_p
 
 from services.common.errors import TokenlineError
 from services.common.grpc_server import READINESS_SERVICE
+from services.frontend.multiplex import StreamBudget, serve_multiplexed
 
 MODEL_ID = "fake-model"
 CREATED = 1_700_000_000
@@ -52,6 +53,7 @@ class Observed:
     requests: list[tuple[str, Any]] = field(default_factory=list)
     metadata: list[dict[str, str]] = field(default_factory=list)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    multiplex_calls: int = 0  # Multiplex calls opened (each carries many streams)
 
     def last(self, method: str) -> Any:
         matches = [req for name, req in self.requests if name == method]
@@ -169,21 +171,30 @@ class FakeFrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
         self.script = Script()
         self.observed = Observed()
 
-    async def _enter(self, name: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+    async def _enter(
+        self,
+        name: str,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        multiplexed: bool = False,
+    ) -> None:
         self.observed.requests.append((name, request))
         self.observed.metadata.append({k: str(v) for k, v in context.invocation_metadata()})
         script = self.script
         if script.delay_s:
             await self._sleep(script.delay_s, self.observed)
         if script.fail_code is not None and script.fail_after == 0:
-            await self._fail(context, script)
+            await self._fail(None if multiplexed else context, script)
 
     @staticmethod
-    async def _fail(context: grpc.aio.ServicerContext, script: Script) -> None:
-        """Abort the way the real services do: the message and, in the rich status, the
-        field (services/common/errors.py)."""
+    async def _fail(context: grpc.aio.ServicerContext | None, script: Script) -> None:
+        """Fail the way the real services do: the message and, in the rich status, the
+        field (services/common/errors.py). A multiplexed stream (no context of its
+        own) raises the error, which becomes its end status."""
         error = TokenlineError(script.fail_message, field=script.fail_field)
         error.code = script.fail_code
+        if context is None:
+            raise error
         status = error.status()
         await context.abort(status.code, script.fail_message, status.trailing_metadata)
 
@@ -197,16 +208,36 @@ class FakeFrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
             raise
 
     async def _stream(
-        self, name: str, request: Any, context: grpc.aio.ServicerContext, items: list[Any]
+        self,
+        name: str,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        items: list[Any],
+        multiplexed: bool = False,
     ) -> AsyncIterator[Any]:
-        await self._enter(name, request, context)
+        await self._enter(name, request, context, multiplexed)
         script, observed = self.script, self.observed
         for sent, item in enumerate(items):
             if script.fail_code is not None and sent == script.fail_after:
-                await self._fail(context, script)
+                await self._fail(None if multiplexed else context, script)
             if script.hang_after is not None and sent == script.hang_after:
                 await self._sleep(3600, observed)
             yield item
+
+    async def Multiplex(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        """The real frontend's multiplexing (services/frontend/multiplex.py) over these
+        canned streams, each recorded under its per-request RPC's name."""
+
+        def open_stream(request: frontend_pb2.MuxRequest) -> AsyncIterator[Any]:
+            if request.WhichOneof("kind") == "chat":
+                chunks = chat_chunks(request.chat)
+                return self._stream("ChatCompletionStream", request.chat, context, chunks, True)
+            chunks = completion_chunks(request.completion)
+            return self._stream("CompletionStream", request.completion, context, chunks, True)
+
+        self.observed.multiplex_calls += 1
+        async for batch in serve_multiplexed(request_iterator, open_stream, StreamBudget(None)):
+            yield batch
 
     async def ChatCompletion(self, request: Any, context: Any) -> Any:
         await self._enter("ChatCompletion", request, context)
@@ -259,12 +290,12 @@ class FakeFrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
 class FakeFrontend:
     """Runs FakeFrontendServicer (+ the standard health service) on a background loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.servicer = FakeFrontendServicer()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._health = health.aio.HealthServicer()
-        self.port = 0
+        self.port = port
 
     def start(self) -> FakeFrontend:
         self._thread.start()
@@ -293,6 +324,6 @@ class FakeFrontend:
         self._server = grpc.aio.server()
         frontend_pb2_grpc.add_FrontendServiceServicer_to_server(self.servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self.port = self._server.add_insecure_port(f"127.0.0.1:{self.port}")
         await self._server.start()
         await self._health.set(READINESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)

@@ -451,6 +451,22 @@ def test_body_limit_and_deadline_on_the_real_stack(
     assert seconds_until_idle(stack, limit_s=2.0) < 2.0
 
 
+def test_a_stream_past_its_deadline_is_aborted_upstream(
+    stack: LocalStack, strict_live: str, model_id: str
+) -> None:
+    """A multiplexed stream's deadline is the gateway's own timer: it must end the SSE
+    with the timeout and cancel the stream, which aborts the request upstream."""
+    auth = {"Authorization": "Bearer live-key"}
+    body = {"model": model_id, "prompt": PROMPT, "stream": True} | LONG
+    resp = httpx.post(f"{strict_live}/v1/completions", json=body, headers=auth, timeout=30)
+    if resp.status_code == 200:  # the first token came before the deadline (as usual)
+        last = resp.text.strip().split("\n\n")[-1].removeprefix("data: ")
+        assert json.loads(last)["error"]["type"] == "timeout_error"
+    else:
+        assert resp.status_code == 504
+    assert seconds_until_idle(stack, limit_s=2.0) < 2.0
+
+
 def test_health_and_metrics(root: str) -> None:
     assert httpx.get(f"{root}/health", timeout=10).json() == {"status": "ok"}
     metrics = httpx.get(f"{root}/metrics", timeout=10).text

@@ -27,9 +27,9 @@ def _post_stream(url: str, body: dict[str, Any]) -> tuple[httpx.Response, list[s
     return resp, _frames(resp.content)
 
 
-def test_chat_stream_frames_and_headers(gateway_url: str) -> None:
+def test_chat_stream_frames_and_headers(stream_gateway_url: str) -> None:
     body = CHAT | {"n": 2, "stream_options": {"include_usage": True}}
-    resp, frames = _post_stream(gateway_url, body)
+    resp, frames = _post_stream(stream_gateway_url, body)
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("text/event-stream")
     assert resp.headers["cache-control"] == "no-cache"
@@ -46,16 +46,16 @@ def test_chat_stream_frames_and_headers(gateway_url: str) -> None:
     assert all(ch["object"] == "chat.completion.chunk" for ch in chunks)
 
 
-def test_chat_stream_without_usage_has_no_usage_key(gateway_url: str) -> None:
-    _, frames = _post_stream(gateway_url, CHAT)
+def test_chat_stream_without_usage_has_no_usage_key(stream_gateway_url: str) -> None:
+    _, frames = _post_stream(stream_gateway_url, CHAT)
     chunks = [json.loads(f) for f in frames[:-1]]
     assert all("usage" not in ch and ch["choices"] for ch in chunks)
     assert "".join(ch["choices"][0]["delta"].get("content", "") for ch in chunks) == "".join(PIECES)
 
 
-def test_completion_stream_frames(gateway_url: str) -> None:
+def test_completion_stream_frames(stream_gateway_url: str) -> None:
     body = {"model": "m", "prompt": "p", "stream": True}
-    resp = httpx.post(f"{gateway_url}/v1/completions", json=body, timeout=10)
+    resp = httpx.post(f"{stream_gateway_url}/v1/completions", json=body, timeout=10)
     frames = _frames(resp.content)
     assert frames[-1] == "[DONE]"
     chunks = [json.loads(f) for f in frames[:-1]]
@@ -64,23 +64,23 @@ def test_completion_stream_frames(gateway_url: str) -> None:
 
 
 def test_error_before_first_frame_is_http_status(
-    gateway_url: str, fake: FakeFrontendServicer
+    stream_gateway_url: str, fake: FakeFrontendServicer
 ) -> None:
     fake.script.fail_code = grpc.StatusCode.INVALID_ARGUMENT
     fake.script.fail_message = "temperature: must be in [0, 2]"
     fake.script.fail_field = "temperature"
-    resp = httpx.post(f"{gateway_url}/v1/chat/completions", json=CHAT, timeout=10)
+    resp = httpx.post(f"{stream_gateway_url}/v1/chat/completions", json=CHAT, timeout=10)
     assert resp.status_code == 400
     assert resp.json()["error"]["param"] == "temperature"
 
 
 def test_mid_stream_error_is_one_error_frame_then_end(
-    gateway_url: str, fake: FakeFrontendServicer
+    stream_gateway_url: str, fake: FakeFrontendServicer
 ) -> None:
     fake.script.fail_code = grpc.StatusCode.RESOURCE_EXHAUSTED
     fake.script.fail_message = "kv cache full"
     fake.script.fail_after = 1
-    resp, frames = _post_stream(gateway_url, CHAT)
+    resp, frames = _post_stream(stream_gateway_url, CHAT)
     assert resp.status_code == 200
     assert len(frames) == 2 and "[DONE]" not in frames
     assert "choices" in json.loads(frames[0])
@@ -93,9 +93,9 @@ def test_mid_stream_error_is_one_error_frame_then_end(
     }
 
 
-def test_generate_stream_frames(gateway_url: str) -> None:
+def test_generate_stream_frames(stream_gateway_url: str) -> None:
     body = {"text": "p", "stream": True}
-    resp = httpx.post(f"{gateway_url}/generate", json=body, timeout=10)
+    resp = httpx.post(f"{stream_gateway_url}/generate", json=body, timeout=10)
     frames = _frames(resp.content)
     assert frames[-1] == "[DONE]"
     # SGLang's shape: a single prompt streams bare output objects, text so far in each.
@@ -105,13 +105,13 @@ def test_generate_stream_frames(gateway_url: str) -> None:
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 async def test_client_disconnect_cancels_grpc_call(
-    gateway_url: str, fake: FakeFrontendServicer, path: str
+    stream_gateway_url: str, fake: FakeFrontendServicer, path: str
 ) -> None:
     fake.script.hang_after = 1
     body = CHAT if "chat" in path else {"model": "m", "prompt": "p", "stream": True}
     async with (
         httpx.AsyncClient(timeout=10) as http,
-        http.stream("POST", f"{gateway_url}{path}", json=body) as resp,
+        http.stream("POST", f"{stream_gateway_url}{path}", json=body) as resp,
     ):
         assert resp.status_code == 200
         async for line in resp.aiter_lines():
@@ -124,11 +124,11 @@ async def test_client_disconnect_cancels_grpc_call(
 
 
 async def test_client_disconnect_cancels_unary_call(
-    gateway_url: str, fake: FakeFrontendServicer
+    stream_gateway_url: str, fake: FakeFrontendServicer
 ) -> None:
     fake.script.delay_s = 30
     body = CHAT | {"stream": False}
     async with httpx.AsyncClient(timeout=0.3) as http:
         with pytest.raises(httpx.ReadTimeout):
-            await http.post(f"{gateway_url}/v1/chat/completions", json=body)
+            await http.post(f"{stream_gateway_url}/v1/chat/completions", json=body)
     assert fake.observed.cancelled.wait(timeout=2.0), "unary frontend call was not cancelled"

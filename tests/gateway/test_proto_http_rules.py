@@ -32,7 +32,7 @@ EXPECTED_RULES: dict[str, tuple[str, str, str]] = {
     "FlushCache": ("post", "/tokenline.v1/flush_cache", "*"),
 }
 # gRPC only: an operator's view with uint64 counters (see the comment in frontend.proto).
-UNANNOTATED = {"GetInfo", "GetServerInfo"}
+UNANNOTATED = {"GetInfo", "GetServerInfo", "Multiplex"}
 _INT64_TYPES = {
     FieldDescriptor.TYPE_INT64,
     FieldDescriptor.TYPE_UINT64,
