@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -229,19 +230,25 @@ class LocalStack:
             time.sleep(0.2)
         raise TimeoutError("gateway not ready in time")
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM each process we started (gateway first), then SIGKILL stragglers."""
-        for name in ("gateway", "frontend", "scheduler", "detokenizer"):
-            proc = self.procs.get(name)
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
+    def stop(self, timeout: float = 15.0, only: Sequence[str] | None = None) -> None:
+        """SIGTERM each process we started (gateway first), then SIGKILL stragglers.
+
+        ``only`` stops just those services, so stacks that share services can stop every
+        caller before any callee: a service drains while a peer still holds a stream to it.
+        """
+        names = [n for n in ("gateway", "frontend", "scheduler", "detokenizer") if n in self.procs]
+        if only is not None:
+            names = [n for n in names if n in only]
+        for name in names:
+            if self.procs[name].poll() is None:
+                self.procs[name].send_signal(signal.SIGTERM)
+        for name in names:
+            proc = self.procs.pop(name)
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self.procs.clear()
 
 
 def create_parser() -> argparse.ArgumentParser:

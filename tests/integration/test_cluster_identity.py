@@ -53,8 +53,11 @@ def cluster(
         dump_logs(log_dir / "b")
         raise
     finally:
-        for stack in stacks:
-            stack.stop()
+        # Callers before callees across both stacks: a scheduler drains while any
+        # frontend's lease is open, and the shared detokenizer while any scheduler pushes.
+        for layer in (("gateway", "frontend"), ("scheduler",), ("detokenizer",)):
+            for stack in stacks:
+                stack.stop(only=layer)
 
 
 def live_state(stacks: list[LocalStack]) -> list[int]:
