@@ -69,18 +69,23 @@ def call_error(rich: status_pb2.Status) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(status.code, grpc.aio.Metadata(), trailer, status.details)
 
 
+def _rich_status(exc: grpc.aio.AioRpcError) -> status_pb2.Status | None:
+    """A failed call's ``google.rpc.Status`` from its trailer, where the callee sent one."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == rpc_status.GRPC_DETAILS_METADATA_KEY:
+            return status_pb2.Status.FromString(value)
+    return None
+
+
 def field_of(exc: grpc.aio.AioRpcError) -> str | None:
     """The field a failed call's rich status names (its first BadRequest violation)."""
-    for key, value in exc.trailing_metadata() or ():
-        if key != rpc_status.GRPC_DETAILS_METADATA_KEY:
-            continue
-        rich = status_pb2.Status.FromString(value)
-        for detail in rich.details:
-            if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-                bad = error_details_pb2.BadRequest()
-                detail.Unpack(bad)
-                if bad.field_violations:
-                    return bad.field_violations[0].field
+    rich = _rich_status(exc)
+    for detail in rich.details if rich is not None else ():
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            if bad.field_violations:
+                return bad.field_violations[0].field
     return None
 
 
@@ -111,9 +116,9 @@ def status_of(exc: BaseException) -> status_pb2.Status:
     if isinstance(exc, TokenlineError):
         return exc.rich_status()
     if isinstance(exc, grpc.aio.AioRpcError):
-        for key, value in exc.trailing_metadata() or ():
-            if key == rpc_status.GRPC_DETAILS_METADATA_KEY:
-                return status_pb2.Status.FromString(value)
+        rich = _rich_status(exc)
+        if rich is not None:
+            return rich
         details = exc.details() or "upstream error"
         return status_pb2.Status(code=exc.code().value[0], message=details)
     logger.error("unhandled error in gRPC handler", exc_info=exc)
