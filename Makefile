@@ -49,11 +49,11 @@ proto-check: $(STAMP)
 $(MODEL_DIR)/config.json: | $(STAMP)
 	$(PY) -m services.common.default_model --out $(MODEL_DIR)
 
-# The sampler's compiled dense-row kernel for this machine (block_mass_kernel.py): built
+# The sampler's compiled plain-row kernel for this machine (sample_kernel.py): built
 # once, kept while torch, the CPU and the kernel are unchanged; where it cannot be built (no
 # C++ compiler) the engine samples eagerly, so a failure here stops nothing.
 kernels: $(MODEL_DIR)/config.json
-	-$(PY) -m services.scheduler.block_mass_kernel --model $(MODEL_DIR)
+	-$(PY) -m services.scheduler.sample_kernel --model $(MODEL_DIR)
 
 model: setup $(MODEL_DIR)/config.json kernels
 

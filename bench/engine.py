@@ -118,8 +118,8 @@ def build(args: BenchArgs, overlap: bool = False) -> Scheduler:
         max_running_requests=max_c, max_num_batched_tokens=1024, overlap_schedule=overlap
     )
     scheduler = Scheduler(model, pool, stop_checker, sched_config, args.device)
-    attach_sampler_kernel(scheduler, args.model, choice.dtype, device)
-    print(f"sampler: {'compiled kernel' if scheduler.sampler.block_mass else 'eager'}", flush=True)
+    attach_sampler_kernel(scheduler, args.model, device)
+    print(f"sampler: {'compiled kernel' if scheduler.sampler.kernel else 'eager'}", flush=True)
     return scheduler
 
 

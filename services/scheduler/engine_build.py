@@ -11,12 +11,12 @@ import torch
 
 from services.common.tls import TlsSettings
 from services.common.tokenizer import load_tokenizer
-from services.scheduler.block_mass_kernel import BlockMassKernel
 from services.scheduler.engine import Scheduler, SchedulerConfig
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.config import ModelConfig
 from services.scheduler.model.dtype import choose_dtype
 from services.scheduler.model.loader import load_model
+from services.scheduler.sample_kernel import SampleKernel
 from services.scheduler.stop_checker import StopChecker
 
 logger = logging.getLogger(__name__)
@@ -84,28 +84,26 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
         ),
         device,
     )
-    attach_sampler_kernel(scheduler, config.model, choice.dtype, device)
+    attach_sampler_kernel(scheduler, config.model, device)
     if config.overlap_schedule:
         logger.info("overlap scheduling on: decode steps chain on a forward worker thread")
     return scheduler, choice.name
 
 
-def attach_sampler_kernel(
-    scheduler: Scheduler, model_dir: str, dtype: torch.dtype, device: torch.device
-) -> None:
-    """Give the sampler the compiled dense-row kernel built for this machine, if any."""
+def attach_sampler_kernel(scheduler: Scheduler, model_dir: str, device: torch.device) -> None:
+    """Give the sampler the compiled plain-row kernel built for this machine, if any."""
     if device.type != "cpu":
         return
-    kernel = BlockMassKernel.load(model_dir, dtype, scheduler.limits.vocab_size)
-    scheduler.sampler.block_mass = kernel
+    kernel = SampleKernel.load(model_dir)
+    scheduler.sampler.kernel = kernel
     if kernel is None:
         logger.info(
             "sampler: eager (no compiled kernel for this machine; "
-            "python -m services.scheduler.block_mass_kernel --model %s builds one)",
+            "python -m services.scheduler.sample_kernel --model %s builds one)",
             model_dir,
         )
     else:
-        logger.info("sampler: compiled dense-row kernel for %s", dtype)
+        logger.info("sampler: compiled plain-row kernel")
 
 
 def create_kv_pool(

@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from services.common.sampling_params import SamplingParams
-from services.scheduler.block_mass_kernel import BlockMassKernel
 from services.scheduler.logits_processor import LogitsProcessor, index_tensor
 from services.scheduler.req import LogprobEntry, Req
 from services.scheduler.row_argmax import BLOCK, argmax_rows
+from services.scheduler.sample_kernel import SampleKernel
 
 CANDIDATE_CAP = 1024
 """Candidates a top-p row without top-k starts from (a peaked nucleus fits easily)."""
@@ -102,28 +102,6 @@ def _pick_blocks(
     return block, targets - mass_before
 
 
-def draw_by_block_mass(
-    logits: torch.Tensor,
-    inv_temperature: torch.Tensor,
-    kernel: BlockMassKernel,
-    uniforms: torch.Tensor,
-) -> torch.Tensor:
-    """One token per row of ``softmax(logits * inv_temperature)``, the block sums from the
-    compiled ``kernel``: a block by its mass, then the entry inside it, whose 128 weights
-    are recomputed from the logits. A chosen weight of 0 (``u * total`` rounding up to the
-    total) falls back to the row's argmax, as ``Candidates.draw`` does."""
-    top, mass = kernel(logits, inv_temperature)
-    block, targets = _pick_blocks(mass, uniforms)
-    window = block * BLOCK + torch.arange(BLOCK, device=logits.device)
-    inside = torch.exp(logits.gather(1, window).float() * inv_temperature - top)
-    offset = _search(inside, uniforms, targets)
-    tokens = (block * BLOCK + offset).squeeze(1)
-    is_kept = inside.gather(1, offset).squeeze(1) > 0
-    if bool(is_kept.all()):
-        return tokens
-    return torch.where(is_kept, tokens, argmax_rows(logits))
-
-
 def _search(
     weights: torch.Tensor, uniforms: torch.Tensor, targets: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -148,13 +126,13 @@ class Sampler:
         device: torch.device | str = "cpu",
         eos_token_ids: set[int] | frozenset[int] = frozenset(),
         candidate_cap: int = CANDIDATE_CAP,
-        block_mass: BlockMassKernel | None = None,
+        kernel: SampleKernel | None = None,
     ) -> None:
         if candidate_cap < 1:
             raise ValueError(f"candidate_cap must be >= 1, got {candidate_cap}")
         self.processor = LogitsProcessor(eos_token_ids)
         self.candidate_cap = candidate_cap
-        self.block_mass = block_mass  # the compiled dense-row kernel, where one was built
+        self.kernel = kernel  # the compiled plain-row kernel, where one was built
         self._default_generator = torch.Generator(device=device)
         self._default_generator.seed()
 
@@ -195,25 +173,17 @@ class Sampler:
         return SampleOutput(token_ids, logprobs)
 
     def _choose_plain(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor | None:
-        """Plain rows in the model's dtype: greedy ones by their argmax, temperature-only
-        ones through the compiled kernel; None when some row needs the float32 path."""
-        greedy = [i for i, r in enumerate(reqs) if r.params.is_greedy]
-        if len(greedy) == len(reqs):
-            return argmax_rows(logits)
-        kernel = self.block_mass
+        """Plain rows in the model's dtype, all in one call of the compiled kernel (greedy
+        ones take their argmax there); without it an all-greedy batch takes ``argmax_rows``
+        and any other returns None, for the float32 path."""
+        kernel = self.kernel
         if kernel is None or not kernel.fits(logits):
+            if all(r.params.is_greedy for r in reqs):
+                return argmax_rows(logits)
             return None
-        device = logits.device
-        tokens = torch.zeros(len(reqs), dtype=torch.int64, device=device)
-        if greedy:
-            tokens[index_tensor(greedy, device)] = argmax_rows(_rows(logits, greedy))
-        sampled = [i for i, r in enumerate(reqs) if not r.params.is_greedy]
-        index = index_tensor(sampled, device)
-        inv_temperature = 1.0 / _row_values(reqs, sampled, "temperature", device)
-        uniforms = self._uniforms(reqs, device)[index]
-        rows = _rows(logits, sampled)
-        tokens[index] = draw_by_block_mass(rows, inv_temperature, kernel, uniforms)
-        return tokens
+        inv_temperature = [0.0 if r.params.is_greedy else 1.0 / r.params.temperature for r in reqs]
+        inverse = torch.tensor(inv_temperature, dtype=torch.float32)
+        return kernel(logits, inverse, self._uniforms(reqs, logits.device))
 
     def candidates(self, logits: torch.Tensor, reqs: Sequence[Req]) -> list[Candidates]:
         """What every sampled (non-greedy) row draws from, in groups with disjoint rows:

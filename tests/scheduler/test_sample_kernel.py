@@ -1,0 +1,175 @@
+"""The compiled plain-row kernel (csrc/sample_rows.cpp): built here with the machine's C++
+compiler, loaded as a torch op, and checked against float64 references: each draw is the
+inverse CDF of the exact softmax at its uniform, each greedy row is torch's argmax."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.scheduler.row_argmax import BLOCK
+from services.scheduler.sample_kernel import SampleKernel, build, kernel_path
+from services.scheduler.sampler import Sampler
+from tests.scheduler.test_sampler import assert_goodness_of_fit, req_with_history
+
+RAGGED_VOCAB = 8 * BLOCK + 5  # a last block of 5 entries, shorter than one vector
+DTYPES = [torch.bfloat16, torch.float32, torch.float16]
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("c++") is None and shutil.which("g++") is None,
+    reason="the kernel needs a C++ compiler",
+)
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> SampleKernel:
+    model_dir = tmp_path_factory.mktemp("model")
+    path = build(model_dir)
+    assert path == kernel_path(model_dir) and path.is_file()
+    loaded = SampleKernel.load(model_dir)
+    assert loaded is not None
+    return loaded
+
+
+def logits_of(rows: int, seed: int, dtype: torch.dtype, scale: float = 3.0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(rows, RAGGED_VOCAB, generator=gen) * scale).to(dtype)
+
+
+def exact_inverse_cdf(row: torch.Tensor, inv_temperature: float, uniforms: torch.Tensor):
+    """The token each uniform picks from softmax(row * inv_temperature) in float64, and how
+    far each uniform lies from the nearest edge between two tokens."""
+    probs = torch.softmax(row.double() * inv_temperature, dim=-1)
+    cdf = probs.cumsum(dim=-1)
+    u = uniforms.double()
+    tokens = torch.searchsorted(cdf, u, right=True).clamp_max(row.numel() - 1)
+    edges = torch.cat((cdf.new_zeros(1), cdf))
+    distance = (u.unsqueeze(1) - edges).abs().min(dim=1).values
+    return tokens, distance
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.6])
+def test_each_draw_is_the_exact_inverse_cdf_at_its_uniform(
+    kernel: SampleKernel, dtype: torch.dtype, temperature: float
+) -> None:
+    """4,000 uniforms against one row: a token may differ from the float64 inverse CDF only
+    where the uniform lies within rounding (1e-5) of the edge between two tokens."""
+    row = logits_of(1, seed=7, dtype=dtype)[0]
+    uniforms = torch.rand(4_000, generator=torch.Generator().manual_seed(1))
+    logits = row.expand(len(uniforms), -1).contiguous()
+    inverse = torch.full((len(uniforms),), 1.0 / temperature)
+    tokens = kernel(logits, inverse, uniforms)
+    expected, distance = exact_inverse_cdf(row, 1.0 / temperature, uniforms)
+    differs = tokens != expected
+    assert bool((distance[differs] < 1e-5).all()), distance[differs]
+    assert int(differs.sum()) <= 2
+    assert len(set(tokens.tolist())) > 30  # the draws spread over the row
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_greedy_rows_take_torchs_argmax_ties_and_nan_included(
+    kernel: SampleKernel, dtype: torch.dtype
+) -> None:
+    logits = logits_of(4, seed=2, dtype=dtype)
+    logits[1, 300] = logits[1, 900] = logits[1].max() + 1  # a tie: the first one wins
+    logits[2, RAGGED_VOCAB - 1] = 1e4  # the maximum in the ragged tail
+    logits[3, 777] = float("nan")  # torch counts NaN as the maximum
+    tokens = kernel(logits, torch.zeros(4), torch.rand(4))
+    assert tokens.tolist() == logits.argmax(dim=-1).tolist()
+    assert tokens.tolist()[1:] == [300, RAGGED_VOCAB - 1, 777]
+
+
+def test_a_row_draws_the_same_token_alone_in_a_batch_or_strided(kernel: SampleKernel) -> None:
+    """Seeded draws must not depend on the batch: rows are independent in the kernel."""
+    logits = logits_of(9, seed=3, dtype=torch.bfloat16)
+    inverse = torch.tensor([1.0, 0.0, 2.0, 1.0 / 0.7, 1.0, 0.0, 0.5, 1.0, 1.3])
+    uniforms = torch.rand(9, generator=torch.Generator().manual_seed(4))
+    tokens = kernel(logits, inverse, uniforms)
+    for start, stop in ((4, 5), (0, 3), (3, 9)):
+        part = kernel(logits[start:stop], inverse[start:stop], uniforms[start:stop])
+        assert torch.equal(part, tokens[start:stop])
+    every_other = kernel(logits[::2], inverse[::2], uniforms[::2])
+    assert torch.equal(every_other, tokens[::2])
+
+
+def test_masked_entries_are_never_drawn(kernel: SampleKernel) -> None:
+    logits = torch.full((500, RAGGED_VOCAB), float("-inf"))
+    allowed = [3, 130, 131, RAGGED_VOCAB - 2]
+    logits[:, allowed] = torch.tensor([0.5, 0.0, -1.0, 2.0])
+    tokens = kernel(logits, torch.ones(500), torch.rand(500))
+    assert set(tokens.tolist()) == set(allowed)
+
+
+def test_bad_arguments_raise_instead_of_reading_memory_wrong(kernel: SampleKernel) -> None:
+    logits = logits_of(3, seed=0, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="float32"):
+        kernel(logits, torch.ones(3, dtype=torch.float64), torch.rand(3))
+    with pytest.raises(RuntimeError, match=r"\[rows\]"):
+        kernel(logits, torch.ones(2), torch.rand(3))
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        kernel(logits.to(torch.int32), torch.ones(3), torch.rand(3))
+
+
+def test_temperature_draws_through_the_sampler_follow_the_softmax(kernel: SampleKernel) -> None:
+    """Chi-square (alpha 1e-4) of 20,000 seeded draws at T = 0.7 from a peaked bf16 row,
+    against softmax(x / T) computed here in float64."""
+    row = logits_of(1, seed=4, dtype=torch.bfloat16, scale=2.0)
+    sampler = Sampler(kernel=kernel)
+    tokens: list[int] = []
+    for batch in range(5):
+        reqs = [
+            req_with_history([2], [], seed=batch * 4_000 + i, temperature=0.7) for i in range(4_000)
+        ]
+        tokens += sampler.sample(row.expand(len(reqs), -1).clone(), reqs).token_ids
+    counts = torch.bincount(torch.tensor(tokens), minlength=RAGGED_VOCAB).double()
+    expected = torch.softmax(row[0].double() / 0.7, dim=-1).tolist()
+    assert_goodness_of_fit(counts, expected)
+
+
+def test_greedy_rows_beside_sampled_rows_and_seeds_that_ignore_the_batch(
+    kernel: SampleKernel,
+) -> None:
+    logits = logits_of(4, seed=5, dtype=torch.bfloat16)
+    sampler = Sampler(kernel=kernel)
+    reqs = [
+        req_with_history([2], [], temperature=0.0),
+        req_with_history([2], [], seed=11, temperature=1.0),
+        req_with_history([2], [], top_k=1, temperature=0.9),  # greedy by its top_k
+        req_with_history([2], [], seed=12, temperature=0.5),
+    ]
+    tokens = sampler.sample(logits.clone(), reqs).token_ids
+    greedy = logits.float().argmax(dim=-1).tolist()
+    assert tokens[0] == greedy[0] and tokens[2] == greedy[2]
+    alone = Sampler(kernel=kernel).sample(
+        logits[1:2].clone(), [req_with_history([2], [], seed=11, temperature=1.0)]
+    )
+    assert alone.token_ids == [tokens[1]]
+
+
+def test_a_second_load_reuses_the_registered_op(kernel: SampleKernel, tmp_path: Path) -> None:
+    """A process registers ``tokenline::sample_rows`` once; loading again (another model
+    directory, even one without a build) hands back the same op."""
+    again = SampleKernel.load(tmp_path)
+    assert again is not None
+    logits = logits_of(2, seed=6, dtype=torch.float32)
+    uniforms = torch.rand(2)
+    assert torch.equal(
+        again(logits, torch.ones(2), uniforms), kernel(logits, torch.ones(2), uniforms)
+    )
+
+
+def test_without_a_build_a_fresh_process_samples_eagerly(tmp_path: Path) -> None:
+    """In a process that never registered the op, a model directory with no build gives no
+    kernel (the engine then logs that it samples eagerly)."""
+    code = (
+        "from services.scheduler.sample_kernel import SampleKernel\n"
+        f"assert SampleKernel.load({str(tmp_path)!r}) is None\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
