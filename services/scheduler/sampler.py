@@ -173,17 +173,32 @@ class Sampler:
         return SampleOutput(token_ids, logprobs)
 
     def _choose_plain(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor | None:
-        """Plain rows in the model's dtype, all in one call of the compiled kernel (greedy
-        ones take their argmax there); without it an all-greedy batch takes ``argmax_rows``
-        and any other returns None, for the float32 path."""
+        """Plain rows in the model's dtype, all in one call of the compiled kernel; without
+        it an all-greedy batch takes ``argmax_rows`` and any other returns None, for the
+        float32 path.
+
+        In the kernel greedy rows take their argmax, seeded rows the inverse CDF at their
+        own generator's uniform (the same draw as on the float32 path, so a seeded request's
+        tokens do not depend on which path its batch took), and the rest an exact draw by
+        proposals from a per-step seed of the sampler's generator (no exp per entry).
+        """
         kernel = self.kernel
         if kernel is None or not kernel.fits(logits):
             if all(r.params.is_greedy for r in reqs):
                 return argmax_rows(logits)
             return None
-        inv_temperature = [0.0 if r.params.is_greedy else 1.0 / r.params.temperature for r in reqs]
-        inverse = torch.tensor(inv_temperature, dtype=torch.float32)
-        return kernel(logits, inverse, self._uniforms(reqs, logits.device))
+        inverse = [0.0 if r.params.is_greedy else 1.0 / r.params.temperature for r in reqs]
+        own = [-1.0] * len(reqs)  # negative: no uniform of its own
+        for i, req in enumerate(reqs):
+            if req.generator is not None and not req.params.is_greedy:
+                own[i] = float(torch.rand(1, generator=req.generator, device=req.generator.device))
+        seed = int(torch.randint(2**62, (1,), generator=self._default_generator))
+        return kernel(
+            logits,
+            torch.tensor(inverse, dtype=torch.float32),
+            torch.tensor(own, dtype=torch.float32),
+            seed,
+        )
 
     def candidates(self, logits: torch.Tensor, reqs: Sequence[Req]) -> list[Candidates]:
         """What every sampled (non-greedy) row draws from, in groups with disjoint rows:

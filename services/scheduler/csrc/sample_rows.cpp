@@ -1,14 +1,31 @@
 // One token per row of the LM head's logits: the row's argmax where its inverse temperature
-// is 0 (greedy), else an exact draw from softmax(x * inv_temperature) by inverse CDF with the
-// row's uniform. Built per machine by services/scheduler/sample_kernel.py.
+// is 0 (greedy), else an exact draw from softmax(x * inv_temperature). Built per machine by
+// services/scheduler/sample_kernel.py.
 //
-// A sampled row is read twice in full: once for its maximum, once for the mass of each
-// 128-entry block (exp of every entry, torch's exp_u20: the same exp torch.softmax uses on
-// CPU). A block is picked by its mass and only its 128 weights are computed again. Rows are
-// independent (one per task of at::parallel_for), so a row draws the same token alone or
-// in any batch.
+// Two exact ways to draw, both free of any full-row exp sum where they can be:
+//
+// * By proposals (rows without a uniform of their own: unseeded requests). The row is cut
+//   into strided groups of 16 entries (group g holds g, g + G, g + 2G, ...), so one
+//   vertical max over 16 slices gives every group's maximum m_g. A group's mass is at most
+//   count_g * exp((m_g - M) * inv), M the row's maximum: a group is proposed in proportion
+//   to that bound, a member uniformly within it, and accepted with probability
+//   exp((x - m_g) * inv), so an accepted entry has probability proportional to
+//   exp(x * inv) (to the rounding of the bound's exp_u20, about 2e-6 relative, as in
+//   torch.softmax). At least 1 proposal in 16 is accepted whatever the row; a row that
+//   accepts none of `max_proposals` falls back to the inverse CDF below with a fresh
+//   uniform, which keeps the draw exact. Randomness: torch's Philox engine, seeded per
+//   call, one subsequence per row.
+// * By inverse CDF at the row's uniform (seeded requests, whose token must be a function of
+//   their own generator's draw alone, as on the eager path). One read for the maximum, one
+//   for the mass of each 128-entry block (exp of every entry, torch's exp_u20: the exp
+//   torch.softmax uses on CPU); a block is picked by its mass and only its 128 weights are
+//   computed again.
+//
+// Rows are independent (each is drawn by one thread), so a seeded row draws the same token
+// alone or in any batch.
 
 #include <ATen/Parallel.h>
+#include <ATen/core/PhiloxRNGEngine.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -163,25 +180,132 @@ int64_t draw_row(const T* x, int64_t n, float inv, double u, std::vector<double>
   return start + last_kept;
 }
 
+constexpr int64_t kGroupSize = 16;  // members of a strided proposal group
+
+// Uniform doubles in [0, 1) from torch's Philox engine (53 random bits each).
+class Uniforms {
+ public:
+  Uniforms(uint64_t seed, uint64_t subsequence) : engine_(seed, subsequence) {}
+  double next() {
+    const uint64_t high = engine_(), low = engine_();
+    return static_cast<double>((high << 21) | (low >> 11)) * 0x1.0p-53;
+  }
+
+ private:
+  at::Philox4_32 engine_;
+};
+
+// Per-thread buffers of the proposal draw.
+struct ProposalScratch {
+  std::vector<float> group_max;
+  std::vector<float> bounds;
+  std::vector<double> cumulative;
+};
+
+// A draw by proposals, or -1 when none of `max_proposals` was accepted (or the row's
+// maximum is not finite: the caller decides what such a row gets).
+template <typename T>
+int64_t draw_by_proposals(
+    const T* x, int64_t n, float inv, Uniforms& uniforms, int64_t max_proposals,
+    ProposalScratch& scratch) {
+  const int64_t groups = (n + kGroupSize - 1) / kGroupSize;
+  std::vector<float>& group_max = scratch.group_max;
+  group_max.assign(groups, -kInf);
+  float* m = group_max.data();
+  for (int64_t k = 0; k * groups < n; ++k) {  // slice k: entries [k * groups, (k + 1) * groups)
+    const T* slice = x + k * groups;
+    const int64_t len = std::min(groups, n - k * groups);
+    int64_t i = 0;
+    for (; i + kLanes <= len; i += kLanes) {
+      at::vec::maximum(Vec::loadu(m + i), load_floats(slice + i)).store(m + i);
+    }
+    for (; i < len; ++i) {
+      const float v = static_cast<float>(slice[i]);
+      m[i] = std::isnan(v) || std::isnan(m[i]) ? std::numeric_limits<float>::quiet_NaN()
+                                               : std::max(m[i], v);
+    }
+  }
+  const float top = row_max(m, groups);  // NaN if the row holds one
+  if (!std::isfinite(top)) return -1;
+  // Each group's bound, count_g * exp((m_g - top) * inv), and the running total of the
+  // bounds at the end of each vector's worth of groups (a proposal finds its vector by
+  // binary search, then its group by a scan of that vector). The first `longer` groups
+  // have one member more than the others: the last slice is short.
+  const int64_t full_slices = n / groups, longer = n - full_slices * groups;
+  const int64_t chunks = (groups + kLanes - 1) / kLanes;
+  std::vector<float>& bounds = scratch.bounds;
+  std::vector<double>& cumulative = scratch.cumulative;
+  bounds.resize(chunks * kLanes);
+  cumulative.resize(chunks);
+  alignas(64) float lane_index[kLanes];
+  for (int64_t j = 0; j < kLanes; ++j) lane_index[j] = static_cast<float>(j);
+  const Vec v_inv(inv), v_top(top), v_lanes = Vec::loadu(lane_index);
+  const Vec v_full(static_cast<float>(full_slices)), v_one(1.0f);
+  double total = 0.0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t g = c * kLanes, count = std::min(kLanes, groups - g);
+    const Vec index = v_lanes + Vec(static_cast<float>(g));
+    const Vec members = Vec::blendv(v_full, v_full + v_one, index < Vec(longer));
+    const Vec bound = ((Vec::loadu(m + g, count) - v_top) * v_inv).exp_u20() * members;
+    const Vec kept = Vec::blendv(Vec(0.0f), bound, index < Vec(static_cast<float>(groups)));
+    kept.store(bounds.data() + g);
+    total += at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, kept);
+    cumulative[c] = total;
+  }
+  const double* cum = cumulative.data();
+  const float* bound = bounds.data();
+  for (int64_t t = 0; t < max_proposals; ++t) {
+    const double target = uniforms.next() * total;
+    const int64_t c = std::min<int64_t>(std::upper_bound(cum, cum + chunks, target) - cum, chunks - 1);
+    double left = target - (c > 0 ? cum[c - 1] : 0.0);
+    int64_t g = -1;
+    for (int64_t j = c * kLanes; j < std::min(groups, (c + 1) * kLanes); ++j) {
+      if (bound[j] > 0.0f) {
+        g = j;  // rounding can leave `left` past the chunk's last group: that one, then
+        left -= bound[j];
+        if (left < 0.0) break;
+      }
+    }
+    if (g < 0) continue;
+    const int64_t members = g < longer ? full_slices + 1 : full_slices;
+    const auto k = std::min<int64_t>(static_cast<int64_t>(uniforms.next() * members), members - 1);
+    const int64_t index = k * groups + g;
+    const double gap = (static_cast<double>(x[index]) - static_cast<double>(m[g])) * inv;
+    if (uniforms.next() < std::exp(gap)) return index;
+  }
+  return -1;
+}
+
 template <typename T>
 void sample_rows_typed(
-    const at::Tensor& logits, const float* inv, const float* uniforms, int64_t* out) {
+    const at::Tensor& logits, const float* inv, const float* own_uniforms, uint64_t seed,
+    int64_t max_proposals, int64_t* out) {
   const int64_t rows = logits.size(0), n = logits.size(1);
   const T* data = logits.const_data_ptr<T>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     std::vector<double> mass;
+    ProposalScratch scratch;
     for (int64_t r = begin; r < end; ++r) {
       const T* x = data + r * n;
-      out[r] = inv[r] > 0.0f ? draw_row(x, n, inv[r], static_cast<double>(uniforms[r]), mass)
-                             : argmax_row(x, n);
+      if (!(inv[r] > 0.0f)) {
+        out[r] = argmax_row(x, n);
+      } else if (own_uniforms[r] >= 0.0f) {
+        out[r] = draw_row(x, n, inv[r], static_cast<double>(own_uniforms[r]), mass);
+      } else {
+        Uniforms uniforms(seed, static_cast<uint64_t>(r));
+        const int64_t token = draw_by_proposals(x, n, inv[r], uniforms, max_proposals, scratch);
+        out[r] = token >= 0 ? token : draw_row(x, n, inv[r], uniforms.next(), mass);
+      }
     }
   });
 }
 
 at::Tensor sample_rows(
-    const at::Tensor& logits, const at::Tensor& inv_temperature, const at::Tensor& uniforms) {
+    const at::Tensor& logits, const at::Tensor& inv_temperature, const at::Tensor& uniforms,
+    int64_t seed, int64_t max_proposals) {
   TORCH_CHECK(logits.dim() == 2 && logits.device().is_cpu(), "logits must be [rows, vocab] on CPU");
   TORCH_CHECK(logits.size(1) > 0, "logits need a vocabulary");
+  TORCH_CHECK(max_proposals >= 0, "max_proposals must be >= 0");
   const int64_t rows = logits.size(0);
   for (const at::Tensor* t : {&inv_temperature, &uniforms}) {
     TORCH_CHECK(t->dim() == 1 && t->size(0) == rows && t->scalar_type() == at::kFloat &&
@@ -194,15 +318,16 @@ at::Tensor sample_rows(
   const float* inv_ptr = inv.const_data_ptr<float>();
   const float* u_ptr = u.const_data_ptr<float>();
   int64_t* out_ptr = out.mutable_data_ptr<int64_t>();
+  const auto key = static_cast<uint64_t>(seed);
   switch (x.scalar_type()) {
     case at::kFloat:
-      sample_rows_typed<float>(x, inv_ptr, u_ptr, out_ptr);
+      sample_rows_typed<float>(x, inv_ptr, u_ptr, key, max_proposals, out_ptr);
       break;
     case at::kBFloat16:
-      sample_rows_typed<at::BFloat16>(x, inv_ptr, u_ptr, out_ptr);
+      sample_rows_typed<at::BFloat16>(x, inv_ptr, u_ptr, key, max_proposals, out_ptr);
       break;
     case at::kHalf:
-      sample_rows_typed<at::Half>(x, inv_ptr, u_ptr, out_ptr);
+      sample_rows_typed<at::Half>(x, inv_ptr, u_ptr, key, max_proposals, out_ptr);
       break;
     default:
       TORCH_CHECK(false, "logits must be float32, bfloat16 or float16, got ", x.scalar_type());
@@ -213,7 +338,9 @@ at::Tensor sample_rows(
 }  // namespace
 
 TORCH_LIBRARY(tokenline, m) {
-  m.def("sample_rows(Tensor logits, Tensor inv_temperature, Tensor uniforms) -> Tensor");
+  m.def(
+      "sample_rows(Tensor logits, Tensor inv_temperature, Tensor uniforms, int seed, "
+      "int max_proposals=256) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tokenline, CPU, m) {
