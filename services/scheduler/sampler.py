@@ -191,7 +191,7 @@ class Sampler:
         own = [-1.0] * len(reqs)  # negative: no uniform of its own
         for i, req in enumerate(reqs):
             if req.generator is not None and not req.params.is_greedy:
-                own[i] = float(torch.rand(1, generator=req.generator, device=req.generator.device))
+                own[i] = float(_own_uniform(req))
         seed = int(torch.randint(2**62, (1,), generator=self._default_generator))
         return kernel(
             logits,
@@ -240,9 +240,15 @@ class Sampler:
             uniforms[index_tensor(shared, device)] = draws
         for i, req in enumerate(reqs):
             if req.generator is not None and not req.params.is_greedy:
-                draw = torch.rand(1, generator=req.generator, device=req.generator.device)
-                uniforms[i] = draw.to(device)[0]
+                uniforms[i] = _own_uniform(req).to(device)[0]
         return uniforms
+
+
+def _own_uniform(req: Req) -> torch.Tensor:
+    """A seeded request's U[0, 1) for this step, [1] from its own generator: the one draw
+    both the kernel and the float32 path take, so its tokens do not depend on the path."""
+    assert req.generator is not None
+    return torch.rand(1, generator=req.generator, device=req.generator.device)
 
 
 def _is_plain(req: Req, vocab: int) -> bool:

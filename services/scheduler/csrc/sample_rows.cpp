@@ -67,6 +67,10 @@ inline Vec load_tail(const T* p, int64_t count, float pad) {
   return Vec::loadu(buffer);
 }
 
+inline float lane_sum(const Vec& v) {
+  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, v);
+}
+
 // The row's maximum; NaN if it holds one (torch.argmax counts NaN as the maximum).
 template <typename T>
 float row_max(const T* x, int64_t n) {
@@ -136,7 +140,7 @@ inline float block_weights(
     if (out != nullptr) w.store(out + (i - start), end - i);
     sum = sum + w;
   }
-  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum);
+  return lane_sum(sum);
 }
 
 template <typename T>
@@ -219,10 +223,10 @@ int64_t draw_by_proposals(
     for (; i + kLanes <= len; i += kLanes) {
       at::vec::maximum(Vec::loadu(m + i), load_floats(slice + i)).store(m + i);
     }
-    for (; i < len; ++i) {
-      const float v = static_cast<float>(slice[i]);
-      m[i] = std::isnan(v) || std::isnan(m[i]) ? std::numeric_limits<float>::quiet_NaN()
-                                               : std::max(m[i], v);
+    if (i < len) {
+      const int64_t count = len - i;
+      at::vec::maximum(Vec::loadu(m + i, count), load_tail(slice + i, count, -kInf))
+          .store(m + i, count);
     }
   }
   const float top = row_max(m, groups);  // NaN if the row holds one
@@ -249,7 +253,7 @@ int64_t draw_by_proposals(
     const Vec bound = ((Vec::loadu(m + g, count) - v_top) * v_inv).exp_u20() * members;
     const Vec kept = Vec::blendv(Vec(0.0f), bound, index < Vec(static_cast<float>(groups)));
     kept.store(bounds.data() + g);
-    total += at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, kept);
+    total += lane_sum(kept);
     cumulative[c] = total;
   }
   const double* cum = cumulative.data();
