@@ -7,14 +7,12 @@ import collections
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 from tokenline.v1 import detokenizer_pb2_grpc, scheduler_pb2
 
 from services.common.tls import TlsSettings, open_channel
-from services.scheduler.output_row import OutputRow
-from services.scheduler.protocol import rows_to_batch_pb
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +69,7 @@ class DetokenizerPusher:
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._run(), name="detokenizer-pusher")
 
-    def publish(self, rows: list[OutputRow]) -> None:
+    def publish(self, rows: Sequence[scheduler_pb2.TokenIDRow]) -> None:
         """Engine thread: hand one step's rows to the loop; waits while the stream lags."""
         if self._loop is None:
             raise RuntimeError("DetokenizerPusher.publish before start()")
@@ -96,9 +94,9 @@ class DetokenizerPusher:
         self._closed.set()
         await asyncio.gather(self._task, return_exceptions=True)
 
-    def _append(self, rows: list[OutputRow]) -> None:
+    def _append(self, rows: Sequence[scheduler_pb2.TokenIDRow]) -> None:
         self._step += 1
-        self._unsent.append(rows_to_batch_pb(self._step, rows))
+        self._unsent.append(scheduler_pb2.BatchTokenIDOutput(step=self._step, rows=rows))
         self._changed.set()
 
     def _sent(self) -> None:

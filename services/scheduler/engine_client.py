@@ -21,7 +21,9 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+from tokenline.v1 import scheduler_pb2
 
 from services.common.errors import (
     AlreadyExistsError,
@@ -44,11 +46,11 @@ from services.scheduler.engine_messages import (
     FlushOutcome,
     OpenSessionCommand,
 )
-from services.scheduler.output_row import OutputRow
 from services.scheduler.req import Req
 from services.scheduler.stats import SchedulerStats
 
-RowSink = Callable[[list[OutputRow]], None]
+# Takes a step's rows; may block (a slow detokenizer stalls the engine through it).
+RowSink = Callable[[Sequence[scheduler_pb2.TokenIDRow]], None]
 
 
 class LiveRids:
@@ -245,13 +247,13 @@ class EngineClient:
             with self._lock:
                 self._num_unapplied -= output.num_applied
         for row in output.rows:
-            if row.finish is not None:
+            if row.HasField("finish_reason"):
                 self.live.release(row.rid)
         self.stats = output.engine_stats
         if output.stats is not None and self.on_stats is not None:
             self.on_stats(output.stats)
         if output.rows:
-            self.sink(list(output.rows))
+            self.sink(output.rows)
         for ticket, answer in output.answers:
             self._resolve(ticket, answer)
         self._engine_idle = output.idle  # idle only once its rows were handed over

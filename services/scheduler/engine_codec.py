@@ -23,7 +23,7 @@ from services.scheduler.engine_messages import (
     FlushOutcome,
     OpenSessionCommand,
 )
-from services.scheduler.protocol import req_from_pb, req_to_pb, row_from_pb, row_to_pb
+from services.scheduler.protocol import req_from_pb, req_to_pb
 from services.scheduler.stats import FinishedReqStats, SchedulerStats
 
 # The refusals an answer may carry, by class name (services/common/errors.py).
@@ -118,7 +118,7 @@ def encode_output(output: EngineOutput) -> bytes:
         idle=output.idle,
         num_applied=output.num_applied,
         answers=[_answer_to_pb(ticket, answer) for ticket, answer in output.answers],
-        rows=[row_to_pb(row) for row in output.rows],
+        rows=output.rows,
     )
     if output.stats is not None:
         pb.stats.CopyFrom(_stats_to_pb(output.stats))
@@ -142,7 +142,7 @@ def decode_output(data: bytes) -> EngineOutput:
         idle=pb.idle,
         num_applied=pb.num_applied,
         answers=tuple((a.ticket, _answer_from_pb(a)) for a in pb.answers),
-        rows=tuple(row_from_pb(row) for row in pb.rows),
+        rows=tuple(pb.rows),
         stats=_stats_from_pb(pb.stats) if pb.HasField("stats") else None,
     )
 

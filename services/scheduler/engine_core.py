@@ -13,6 +13,8 @@ import queue
 from collections.abc import Callable
 from typing import Protocol
 
+from tokenline.v1 import scheduler_pb2
+
 from services.common.errors import TokenlineError
 from services.scheduler.engine import Scheduler
 from services.scheduler.engine_messages import (
@@ -30,7 +32,7 @@ from services.scheduler.engine_messages import (
     FlushOutcome,
     OpenSessionCommand,
 )
-from services.scheduler.output_row import OutputRow
+from services.scheduler.protocol import row_to_pb
 from services.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ class EngineCore:
     def step(self) -> None:
         rows = self.scheduler.step()
         stats = self.scheduler.take_stats()  # taken every step: it grows
-        self.emit(self._output(rows=tuple(rows), stats=stats))
+        self.emit(self._output(rows=tuple(map(row_to_pb, rows)), stats=stats))
 
     def publish(self) -> None:
         """Emit the engine's state with nothing else: its first output."""
@@ -157,7 +159,7 @@ class EngineCore:
     def _output(
         self,
         num_applied: int = 0,
-        rows: tuple[OutputRow, ...] = (),
+        rows: tuple[scheduler_pb2.TokenIDRow, ...] = (),
         stats: SchedulerStats | None = None,
     ) -> EngineOutput:
         answers, self._answers = tuple(self._answers), []

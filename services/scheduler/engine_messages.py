@@ -11,14 +11,12 @@ and the RPC side (``engine_client.py``) resolves the caller's future.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+from tokenline.v1 import scheduler_pb2
 
 from services.common.errors import InvalidArgumentError, TokenlineError
 from services.scheduler.req import Req
 from services.scheduler.stats import SchedulerStats
-
-if TYPE_CHECKING:  # engine.py builds its limits from here
-    from services.scheduler.output_row import OutputRow
 
 NO_TICKET = 0  # a command nobody waits on
 
@@ -121,7 +119,9 @@ class EngineOutput:
     idle: bool  # no request waits, runs or has a row still to send
     num_applied: int = 0  # commands applied since the previous output
     answers: tuple[tuple[int, Answer], ...] = ()  # (ticket, answer)
-    rows: tuple[OutputRow, ...] = ()  # a step's rows, in order
+    # A step's rows, in order, already as the detokenizer takes them: the gRPC process
+    # only reads their rid and finish, and forwards them without decoding.
+    rows: tuple[scheduler_pb2.TokenIDRow, ...] = ()
     stats: SchedulerStats | None = None  # a step's counts
 
 

@@ -187,12 +187,9 @@ def row_to_pb(row: OutputRow) -> scheduler_pb2.TokenIDRow:
     return pb
 
 
-def rows_to_batch_pb(step: int, rows: list[OutputRow]) -> scheduler_pb2.BatchTokenIDOutput:
-    return scheduler_pb2.BatchTokenIDOutput(step=step, rows=[row_to_pb(r) for r in rows])
-
-
 def row_from_pb(pb: scheduler_pb2.TokenIDRow) -> OutputRow:
-    """The inverse of ``row_to_pb``: the engine process's rows back in the gRPC process."""
+    """The inverse of ``row_to_pb``, for what reads rows back (tests and tools): the gRPC
+    process itself forwards the engine process's rows without decoding them."""
     init = None
     if pb.has_init:
         flags = DecodeFlags(

@@ -5,9 +5,12 @@ still has work or rows on their way."""
 
 from __future__ import annotations
 
+from tokenline.v1 import scheduler_pb2
+
 from services.scheduler.engine_client import EngineClient
 from services.scheduler.engine_messages import EngineLimits, EngineOutput, EngineStats
 from services.scheduler.output_row import OutputRow
+from services.scheduler.protocol import row_to_pb
 from services.scheduler.req import FinishInfo
 from tests.scheduler.factories import make_req
 
@@ -21,8 +24,8 @@ class FakeTransportClient(EngineClient):
         super().__init__(LIMITS, sink)
 
 
-def _row(rid: str, finish: FinishInfo | None) -> OutputRow:
-    return OutputRow(rid, (5,), finish, 3, 1, 0)
+def _row(rid: str, finish: FinishInfo | None) -> scheduler_pb2.TokenIDRow:
+    return row_to_pb(OutputRow(rid, (5,), finish, 3, 1, 0))
 
 
 def test_never_idle_between_an_applied_command_and_its_rows() -> None:

@@ -30,6 +30,7 @@ from services.scheduler.engine_messages import (
     OpenSessionCommand,
 )
 from services.scheduler.prompt_logprobs import PromptLogprobState
+from services.scheduler.protocol import row_from_pb, row_to_pb
 from services.scheduler.req import DecodeFlags, Req, ReqTimes
 from services.scheduler.sessions import SessionParams
 from tests.scheduler.factories import make_req, make_scheduler
@@ -122,11 +123,12 @@ def test_a_step_output_comes_back_equal(default_model_dir: Path) -> None:
             (3, InvalidArgumentError("no open session 's'", field="session_id")),
             (4, AlreadyExistsError("session 's' is already open")),
         ),
-        rows=tuple(rows),
+        rows=tuple(map(row_to_pb, rows)),
         stats=stats,
     )
     got = decode_output(encode_output(output))
     assert got.rows == output.rows
+    assert [row_from_pb(r) for r in got.rows] == rows  # every field survives the wire
     assert got.stats == output.stats
     assert (got.engine_stats, got.idle, got.num_applied) == (output.engine_stats, True, 2)
     assert got.answers[:2] == output.answers[:2]

@@ -14,15 +14,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from tokenline.v1 import scheduler_pb2
 
 from services.common.errors import InvalidArgumentError
 from services.scheduler.__main__ import parse_args
 from services.scheduler.engine_process import EngineLaunch, EngineProcess
 from services.scheduler.output_row import OutputRow
+from services.scheduler.protocol import row_from_pb
 from services.scheduler.sessions import SessionParams
 from tests.scheduler.factories import make_req, make_scheduler
 
@@ -36,9 +38,9 @@ class Rows:
     def __init__(self) -> None:
         self.rows: queue.Queue[OutputRow] = queue.Queue()
 
-    def __call__(self, batch: list[OutputRow]) -> None:
+    def __call__(self, batch: Sequence[scheduler_pb2.TokenIDRow]) -> None:
         for row in batch:
-            self.rows.put(row)
+            self.rows.put(row_from_pb(row))
 
     def until_final(self, rid: str) -> list[OutputRow]:
         got: list[OutputRow] = []

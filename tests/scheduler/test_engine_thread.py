@@ -8,9 +8,11 @@ import queue
 import threading
 import time
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from tokenline.v1 import scheduler_pb2
 
 from services.common.errors import (
     AlreadyExistsError,
@@ -19,7 +21,7 @@ from services.common.errors import (
 )
 from services.scheduler.engine_thread import EngineThread
 from services.scheduler.output_row import OutputRow, RowInit
-from services.scheduler.protocol import row_to_pb
+from services.scheduler.protocol import row_from_pb, row_to_pb
 from services.scheduler.req import Req
 from tests.scheduler.factories import make_req, make_scheduler
 
@@ -34,11 +36,11 @@ class GatedSink:
         self.entered = threading.Event()
         self.gate = threading.Event()
 
-    def __call__(self, rows: list[OutputRow]) -> None:
+    def __call__(self, rows: Sequence[scheduler_pb2.TokenIDRow]) -> None:
         self.entered.set()
         self.gate.wait(timeout=60)
         for row in rows:
-            self.rows.put(row)
+            self.rows.put(row_from_pb(row))
 
     def finals(self, rids: set[str]) -> dict[str, OutputRow]:
         found: dict[str, OutputRow] = {}

@@ -10,6 +10,7 @@ import pytest
 
 from services.scheduler.engine_thread import EngineThread
 from services.scheduler.output_row import OutputRow
+from services.scheduler.protocol import row_from_pb
 from tests.scheduler.factories import make_req, make_scheduler
 
 PROMPT = list(range(100, 164))
@@ -19,7 +20,7 @@ PROMPT = list(range(100, 164))
 def engine(default_model_dir: Path) -> Iterator[tuple[EngineThread, queue.Queue[OutputRow]]]:
     rows: queue.Queue[OutputRow] = queue.Queue()
     engine = EngineThread(
-        make_scheduler(default_model_dir), lambda batch: [rows.put(r) for r in batch]
+        make_scheduler(default_model_dir), lambda batch: [rows.put(row_from_pb(r)) for r in batch]
     )
     engine.start()
     yield engine, rows

@@ -182,7 +182,7 @@ def test_the_engine_thread_answers_session_commands(default_model_dir: Path) -> 
     finished: list[str] = []
     engine = EngineThread(
         make_scheduler(default_model_dir),
-        lambda rows: finished.extend(r.rid for r in rows if r.finish is not None),
+        lambda rows: finished.extend(r.rid for r in rows if r.HasField("finish_reason")),
     )
     engine.start()
     try:
