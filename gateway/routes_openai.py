@@ -24,6 +24,7 @@ from gateway.render import (
 from gateway.responses import ChatCompletion, ChatCompletionChunk, Completion, Model, ModelList
 from gateway.schemas import ChatCompletionBody, CompletionBody, SharedRequestBody
 from gateway.sse import respond
+from gateway.text_frames import CHAT_TEXT, COMPLETION_TEXT
 from services.common.envs import TRUE_WORDS
 
 router = APIRouter(tags=["openai"])
@@ -67,6 +68,7 @@ async def chat_completions(body: ChatCompletionBody, request: Request) -> Respon
             debug=debug,
         ),
         render_whole=partial(chat_completion_to_dict, logprobs=body.logprobs, debug=debug),
+        text_slot=CHAT_TEXT,
     )
 
 
@@ -96,6 +98,7 @@ async def completions(body: CompletionBody, request: Request) -> Response:
         start_unary=partial(client.stub.Completion, proto, **options),
         render_frame=partial(text_completion, **shape),
         render_whole=partial(completion_to_dict, **shape),
+        text_slot=COMPLETION_TEXT,
     )
 
 

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from gateway.client import StreamCall, until_disconnected
 from gateway.errors import GatewayError, from_rpc_error
 from gateway.responses import JsonBody
+from gateway.text_frames import Frame, TextFrames, TextSlot
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def sse_frame(payload: dict[str, Any] | JsonBody) -> bytes:
     return b"data: " + text.encode("utf-8") + b"\n\n"
 
 
-async def relay(call: StreamCall, first: Message | Any, render: Render) -> AsyncIterator[bytes]:
+async def relay(call: StreamCall, first: Message | Any, frame: Frame) -> AsyncIterator[bytes]:
     """Frames for `first` and every later message; the call is cancelled however this ends.
 
     Starlette cancels this generator when the client disconnects; the `finally`
@@ -48,7 +49,7 @@ async def relay(call: StreamCall, first: Message | Any, render: Render) -> Async
     try:
         message = first
         while message is not grpc.aio.EOF:
-            yield sse_frame(render(message))
+            yield frame(message)
             message = await call.read()
         yield DONE_FRAME
     except grpc.aio.AioRpcError as exc:
@@ -60,7 +61,7 @@ async def relay(call: StreamCall, first: Message | Any, render: Render) -> Async
         call.cancel()
 
 
-async def stream_response(request: Request, call: StreamCall, render: Render) -> StreamingResponse:
+async def stream_response(request: Request, call: StreamCall, frame: Frame) -> StreamingResponse:
     """Wait for the first message so errors before any output get a real HTTP status."""
     try:
         first = await until_disconnected(request, call.read(), call)
@@ -68,7 +69,7 @@ async def stream_response(request: Request, call: StreamCall, render: Render) ->
         call.cancel()
         raise
     return StreamingResponse(
-        relay(call, first, render), media_type="text/event-stream", headers=SSE_HEADERS
+        relay(call, first, frame), media_type="text/event-stream", headers=SSE_HEADERS
     )
 
 
@@ -80,11 +81,18 @@ async def respond(
     start_unary: Callable[[], grpc.aio.UnaryUnaryCall],
     render_frame: Render,
     render_whole: Callable[[Any], Any],
+    text_slot: TextSlot | None = None,
 ) -> Response:
     """SSE frames from the streaming RPC when the client asked to stream, else the unary
     RPC's answer as one JSON body (an object, or a list for SGLang's batches). Only the
-    RPC chosen is started."""
+    RPC chosen is started. With ``text_slot``, a chunk that carries only new text is
+    written from a template (``text_frames.py``): the same bytes, without the models."""
     if stream:
-        return await stream_response(request, start_stream(), render_frame)
+
+        def frame(message: Any) -> bytes:
+            return sse_frame(render_frame(message))
+
+        framer = frame if text_slot is None else TextFrames(frame, text_slot)
+        return await stream_response(request, start_stream(), framer)
     call = start_unary()
     return JSONResponse(render_whole(await until_disconnected(request, call, call)))
