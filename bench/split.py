@@ -171,16 +171,28 @@ async def _stream(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    tokens = 0
+    tail = b""
     async with client.post(f"{base_url}/completions", json=body) as response:
         response.raise_for_status()
-        async for line in response.content:
-            # Only the closing usage frame is parsed; the token frames are just read.
-            if line.startswith(b"data:") and b'"completion_tokens"' in line:
-                tokens = json.loads(line[5:])["usage"]["completion_tokens"]
+        # The token frames are read as they come and not split into lines: the load
+        # generator shares the two cores, and only the closing usage frame is parsed.
+        async for data in response.content.iter_any():
+            tail = (tail + data)[-_TAIL_BYTES:]
+    tokens = completion_tokens(tail)
     if tokens != out_len:
         raise RuntimeError(f"a request produced {tokens} tokens, expected {out_len}")
     return tokens
+
+
+_TAIL_BYTES = 4096  # the end of a stream: its usage frame and ``[DONE]``
+
+
+def completion_tokens(tail: bytes) -> int:
+    """``usage.completion_tokens`` of the last usage frame in a stream's tail (0: none)."""
+    for frame in reversed(tail.split(b"\n\n")):
+        if frame.startswith(b"data: {") and b'"completion_tokens"' in frame:
+            return int(json.loads(frame[len(b"data: ") :])["usage"]["completion_tokens"])
+    return 0
 
 
 def measure(args: argparse.Namespace, scheduler: Scheduler, stack: LocalStack) -> list[dict]:

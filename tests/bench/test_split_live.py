@@ -40,3 +40,15 @@ def test_scheduler_flags_reach_both_sides_and_name_the_report() -> None:
     plain = split.parse_args([])
     assert split.engine_flags(plain) == ["--stream-interval", "1"]
     assert split.default_out(plain).name == "split.json"
+
+
+def test_the_token_count_comes_from_the_last_usage_frame_of_the_tail() -> None:
+    frames = [
+        b'data: {"choices":[{"text":"a"}],"usage":null}',
+        b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7}}',
+        b"data: [DONE]",
+    ]
+    stream = b"\n\n".join(frames) + b"\n\n"
+    assert split.completion_tokens(stream) == 7
+    assert split.completion_tokens(stream[20:]) == 7  # a tail that starts mid-frame
+    assert split.completion_tokens(b"\n\n".join([frames[0], frames[2]])) == 0
