@@ -86,7 +86,8 @@ class _MuxSession:
         self.open_stream = open_stream
         self.budget = budget
         self.streams: dict[int, asyncio.Task[None]] = {}
-        self.outbox: list[frontend_pb2.MuxFrame] = []
+        # The next batch, built in place: a frame is copied once, into it.
+        self.outbox = frontend_pb2.MuxBatch()
         self.requests_done = False
         self._ready = asyncio.Event()
 
@@ -96,26 +97,27 @@ class _MuxSession:
     @property
     def finished(self) -> bool:
         """Nothing more to send and nothing more will come: the call may end."""
-        idle = not self.streams and not self.outbox
+        idle = not self.streams and not self.outbox.frames
         return idle and (self.requests_done or self.budget.draining)
 
-    def send(self, frame: frontend_pb2.MuxFrame) -> None:
-        self.outbox.append(frame)
+    def send(self, stream_id: int, **frame: Any) -> None:
+        """Queue one ``MuxFrame`` (its fields besides ``stream_id``) for the next batch."""
+        self.outbox.frames.add(stream_id=stream_id, **frame)
         self._ready.set()
 
     def end(self, stream_id: int, status: status_pb2.Status) -> None:
-        self.send(frontend_pb2.MuxFrame(stream_id=stream_id, end=status))
+        self.send(stream_id, end=status)
 
     async def next_batch(self) -> frontend_pb2.MuxBatch | None:
         """Everything queued since the last batch (None: the call is over)."""
-        while not self.outbox:
+        while not self.outbox.frames:
             if self.finished:
                 return None
             self._ready.clear()
             await self._ready.wait()
-        frames, self.outbox = self.outbox, []
-        self.budget.count_batch(len(frames))
-        return frontend_pb2.MuxBatch(frames=frames)
+        batch, self.outbox = self.outbox, frontend_pb2.MuxBatch()
+        self.budget.count_batch(len(batch.frames))
+        return batch
 
     def handle(self, request: frontend_pb2.MuxRequest) -> None:
         kind = request.WhichOneof("kind")
@@ -159,7 +161,7 @@ class _MuxSession:
         try:
             async with aclosing(self.open_stream(request)) as messages:
                 async for message in messages:
-                    self.send(frontend_pb2.MuxFrame(stream_id=stream_id, **{kind: message}))
+                    self.send(stream_id, **{kind: message})
         except asyncio.CancelledError:
             self.budget.count_end(kind, grpc.StatusCode.CANCELLED.value[0])
             raise

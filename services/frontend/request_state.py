@@ -13,9 +13,10 @@ scheduler may hold the rid (and an ending must send an AbortReq):
 then on even if the reply never arrives; ``error`` is set exactly when it is FAILED.
 
 Rows are not queued one by one: each state gathers what arrived since its
-consumer last looked (text as chunks, ids, logprobs) and the shared ``sink``
-only says which choice has news. A consumer that falls behind therefore gets
-one coalesced row per choice, and each text piece is joined exactly once.
+consumer last looked and the shared ``sink`` only says which choice has news. A
+consumer that falls behind therefore gets one coalesced row per choice, each text
+piece joined exactly once; one that keeps up gets each row as the detokenizer sent it,
+uncopied (the usual case: one row per step).
 """
 
 from __future__ import annotations
@@ -57,10 +58,7 @@ class ReqState:
     scheduler: str = ""
     dispatch_call: asyncio.Future | None = None  # the AddRequest call while in flight
     error: str | None = None  # why it FAILED: a service it needed was lost (UNAVAILABLE)
-    text_chunks: list[str] = field(default_factory=list)
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
-    input_logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
+    rows: list[detokenizer_pb2.StrRow] = field(default_factory=list)  # since the last take
     final: detokenizer_pb2.StrRow | None = None
     is_pending: bool = False  # has news the consumer has not taken
 
@@ -81,11 +79,7 @@ class ReqState:
         if not self.times.first_token:
             self.times.first_token = time.time()
         self.stage = ReqStage.RECEIVING
-        if row.text:
-            self.text_chunks.append(row.text)
-        self.output_ids.extend(row.output_ids)
-        self.logprobs.extend(row.logprobs)
-        self.input_logprobs.extend(row.input_token_logprobs)
+        self.rows.append(row)
         if row.HasField("finish_reason"):
             self.final = row
             self.times.finished = time.time()
@@ -101,17 +95,17 @@ class ReqState:
         self._notify()
 
     def take(self) -> detokenizer_pb2.StrRow:
-        """Everything gathered since the last take, as one row."""
-        row = detokenizer_pb2.StrRow(
-            rid=self.rid,
-            text="".join(self.text_chunks),
-            output_ids=self.output_ids,
-            logprobs=self.logprobs,
-            input_token_logprobs=self.input_logprobs,
-        )
-        self.text_chunks, self.output_ids, self.logprobs = [], [], []
-        self.input_logprobs = []
+        """Everything gathered since the last take, as one row. Rows are shared, not
+        copied: a consumer reads them and never changes them."""
+        rows, self.rows = self.rows, []
         self.is_pending = False
+        if len(rows) == 1 and self.final is None:
+            return rows[0]  # a non-final row carries nothing to merge
+        row = detokenizer_pb2.StrRow(rid=self.rid, text="".join(r.text for r in rows))
+        for r in rows:
+            row.output_ids.extend(r.output_ids)
+            row.logprobs.extend(r.logprobs)
+            row.input_token_logprobs.extend(r.input_token_logprobs)
         if self.final is not None:
             row.finish_reason.CopyFrom(self.final.finish_reason)
             row.usage.CopyFrom(self.final.usage)

@@ -45,6 +45,16 @@ async def test_rows_gathered_before_a_take_come_out_as_one_row() -> None:
     assert state.stage is ReqStage.FINISHED and not state.may_be_held
 
 
+async def test_a_consumer_that_keeps_up_gets_the_detokenizers_row_uncopied() -> None:
+    state = new_state()
+    sent = row("Hel", [1])
+    state.push(sent)
+    assert state.take() is sent  # one non-final row: nothing to merge
+    state.push(row("lo", [2], final=True))
+    last = state.take()
+    assert last.text == "lo" and last.times.received == 1  # a final row merges the stamps
+
+
 async def test_final_times_keep_the_frontend_stamps_and_add_the_schedulers() -> None:
     state = new_state()
     state.push(row("a", [1], final=True))
