@@ -23,45 +23,49 @@ from google.protobuf.message import Message
 _MARKER = "tokenline-text-slot-5f1c"
 _MARKER_JSON = pydantic_core.to_json(_MARKER)
 
-# (message type, fields it may set) -> the other fields, each as (name, how to test it):
-# read from the descriptor, so a field added to the proto later makes a chunk that sets
-# it go to the models. ``ListFields`` says the same but took 1-2 µs a message.
-_Others = tuple[tuple[str, int], ...]
-_REPEATED, _PRESENCE, _SCALAR = 0, 1, 2
-_others_cache: dict[tuple[Any, frozenset[str]], _Others] = {}
-
-
-def _others(descriptor: Any, allowed: frozenset[str]) -> _Others:
-    key = (descriptor, allowed)
-    if key not in _others_cache:
-        _others_cache[key] = tuple(
-            (f.name, _REPEATED if f.is_repeated else _PRESENCE if f.has_presence else _SCALAR)
-            for f in descriptor.fields
-            if f.name not in allowed
-        )
-    return _others_cache[key]
-
-
-def _sets_only(message: Message, allowed: frozenset[str]) -> bool:
-    """No field of ``message`` outside ``allowed`` is set."""
-    for name, kind in _others(message.DESCRIPTOR, allowed):
-        if kind == _PRESENCE:
-            if message.HasField(name):
-                return False
-        elif getattr(message, name):  # a non-empty list, or a scalar off its default
-            return False
-    return True
-
-
 _HEADER_FIELDS = frozenset({"id", "object", "created", "model", "choices"})
 _CHOICE_OF_CHAT = frozenset({"index", "delta"})
 _CHOICE_OF_COMPLETION = frozenset({"index", "text"})
 _CONTENT = frozenset({"content"})
 
+# A chunk type's fields besides its header, each as (name, how to test it), read from
+# the descriptor: a field added to the proto later makes a chunk that sets it go to the
+# models. For a chunk this is cheaper than ``ListFields``, which builds the choices'
+# container (1.25 µs against 0.4); for a choice or a delta ``ListFields`` is the cheaper.
+_REPEATED, _PRESENCE, _SCALAR = 0, 1, 2
+_chunk_extras: dict[Any, tuple[tuple[str, int], ...]] = {}
+
+
+def _header_only(chunk: Message) -> bool:
+    """The chunk sets no field besides its header and its choices."""
+    descriptor = chunk.DESCRIPTOR
+    extras = _chunk_extras.get(descriptor)
+    if extras is None:
+        extras = _chunk_extras[descriptor] = tuple(
+            (f.name, _REPEATED if f.is_repeated else _PRESENCE if f.has_presence else _SCALAR)
+            for f in descriptor.fields
+            if f.name not in _HEADER_FIELDS
+        )
+    for name, kind in extras:
+        if kind == _PRESENCE:
+            if chunk.HasField(name):
+                return False
+        elif getattr(chunk, name):  # a non-empty list, or a scalar off its default
+            return False
+    return True
+
+
+def _sets_only(message: Message, allowed: frozenset[str]) -> bool:
+    """No field of ``message`` outside ``allowed`` is set."""
+    for field, _ in message.ListFields():  # noqa: SIM110 - all() and a generator: +0.4 µs
+        if field.name not in allowed:
+            return False
+    return True
+
 
 def _only_choice(chunk: Any) -> Any | None:
     """The chunk's one choice, when the chunk sets nothing but its header and it."""
-    if len(chunk.choices) != 1 or not _sets_only(chunk, _HEADER_FIELDS):
+    if len(chunk.choices) != 1 or not _header_only(chunk):
         return None
     return chunk.choices[0]
 

@@ -44,7 +44,10 @@ def chat_stream(texts: list[str], chunk_id: str = "chatcmpl-1") -> list[Any]:
 
     head = chunk()
     head.choices.add(index=0).delta.role = "assistant"
-    body = []
+    with_prompt_ids = chunk()  # return_token_ids: on the first content chunk
+    with_prompt_ids.choices.add(index=0).delta.content = "p"
+    with_prompt_ids.prompt_token_ids.extend([1, 2])
+    body = [with_prompt_ids]
     for text in texts:
         c = chunk()
         c.choices.add(index=0).delta.content = text
@@ -108,8 +111,8 @@ def test_plain_chunks_skip_the_models_after_one_template_per_choice() -> None:
     frames = TextFrames(counting, CHAT_TEXT)
     for c in chat_stream(texts):
         frames(c)
-    # role, the template, logprobs, finish, usage: the five plain chunks cost one render.
-    assert counting.calls == 5
+    # role, prompt ids, the template, logprobs, finish, usage: five plain chunks, one render.
+    assert counting.calls == 6
 
     counting = CountingFrame(partial(text_completion, include_usage=False, logprobs=False))
     frames = TextFrames(counting, COMPLETION_TEXT)
@@ -125,6 +128,6 @@ def test_a_marker_that_is_not_unique_falls_back_to_the_models(chunk_id: str) -> 
     frames = TextFrames(counting, CHAT_TEXT)
     chunks = chat_stream(["one", "two", _MARKER], chunk_id)
     assert [frames(c) for c in chunks] == [sse_frame(render(c)) for c in chunks]
-    # Templated: role, template, logprobs, finish, usage. Not: the failed template too,
-    # and each of the three plain chunks.
-    assert counting.calls == (5 if chunk_id == "chatcmpl-plain" else 8)
+    # Templated: role, prompt ids, template, logprobs, finish, usage. Not: the failed
+    # template too, and each of the three plain chunks.
+    assert counting.calls == (6 if chunk_id == "chatcmpl-plain" else 9)
