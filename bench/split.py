@@ -8,11 +8,14 @@ in-process, and the same C requests as streaming ``/v1/completions`` calls with 
 prompts through the running stack. Both measure output tokens over the wall time from
 the first submission to the last finish. Goal: stack / engine >= 0.85 at C = 64.
 
-Each cell first runs ``--warmup-rounds`` unmeasured pairs (default 1) at its own
-concurrency. Without them the first cell read low: whichever temperature came first, the
-stack's engine spent 15-28 % more CPU per output token than the engine alone in that
-cell and not in the next (seen at T = 1.0 in the default order, at T = 0 with
-``--temperatures 0 1.0``), and the engine alone showed no such first-cell cost.
+Every round ends by emptying both prefix caches: the engine alone's directly, the
+stack's with ``POST /flush_cache``. Rounds reuse their prompts from cell to cell (round r
+of every cell has seed r), and before the stack was flushed too its engine found every
+prompt of the second cell cached and skipped its prefill while the engine alone did not:
+the second cell read 0.84-0.89 where the first read 0.69-0.80, whichever temperature came
+first. Each cell also starts with ``--warmup-rounds`` unmeasured pairs (default 1) at its
+own concurrency, so neither side meets the cell's batch shapes for the first time while
+measured.
 
 Each cell also prints the CPU microseconds per output token of every process (read from
 /proc over each round): the engine alone, and in the stack the engine process, each
@@ -37,6 +40,8 @@ import os
 import random
 import statistics
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,7 +150,24 @@ def run_stack(stack: LocalStack, ids: list[list[int]], out_len: int, temp: float
     start = time.perf_counter()
     tokens = asyncio.run(stream_all(stack.base_url, ids, out_len, temp))
     elapsed = time.perf_counter() - start
-    return Round(tokens / elapsed, meter.per_token_us(tokens))
+    cpu = meter.per_token_us(tokens)
+    flush_stack_cache(stack)  # as the engine alone flushes: no round reuses another's prefill
+    return Round(tokens / elapsed, cpu)
+
+
+def flush_stack_cache(stack: LocalStack, timeout_s: float = 10.0) -> None:
+    """``POST /flush_cache``, retried while the scheduler still holds the round's requests
+    (it refuses with 400 then, as SGLang does)."""
+    url = stack.base_url.removesuffix("/v1") + "/flush_cache"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=5):
+                return
+        except urllib.error.HTTPError as exc:
+            if exc.code != 400 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
 
 
 async def stream_all(base_url: str, ids: list[list[int]], out_len: int, temp: float) -> int:
