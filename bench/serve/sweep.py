@@ -3,11 +3,13 @@
 For each dtype setting (``defaults``: each server at its own default dtype, i.e.
 tokenline's hardware-aware ``auto`` and transformers' checkpoint dtype; or a dtype
 name: both servers in it), each server is started once and driven through every
-temperature x concurrency cell with the same prompts, then stopped before the
-other starts (never both at once: they would share the cores). Concurrency C sends
-``prompts_per_slot * C`` requests with at most C in flight. tokenline's requests ask
-for the stage breakdown, so its ``dispatch`` stage (routing + AddRequest hop) is
-reported per cell. Ratios are tokenline / transformers.
+temperature x concurrency cell, then stopped before the other starts (never both at
+once: they would share the cores). Each cell has prompts of its own, the same for both
+servers: cells that shared a seed sent the same prompts again, which tokenline's prefix
+cache then served without their prefill (every cell after the first, partly or wholly).
+Concurrency C sends ``prompts_per_slot * C`` requests with at most C in flight.
+tokenline's requests ask for the stage breakdown, so its ``dispatch`` stage (routing +
+AddRequest hop) is reported per cell. Ratios are tokenline / transformers.
 
 ``--rounds N`` repeats all of it N times, the server that goes first alternating, and
 reports each cell's median over rounds with every round's own ratio beside it: on a
@@ -86,7 +88,13 @@ def server_dtype(setting: str) -> str:
     return "auto" if setting == DEFAULTS else setting
 
 
-def cell_args(args: argparse.Namespace, concurrency: int, temperature: float) -> argparse.Namespace:
+CELL_SEED_STRIDE = 1000  # a cell's prompts have seed + stride * (its index + 1); warm-up +1
+
+
+def cell_args(
+    args: argparse.Namespace, concurrency: int, temperature: float, index: int
+) -> argparse.Namespace:
+    """The cell's run arguments; ``index`` (its place in the grid) picks its prompts."""
     num_prompts = max(args.min_prompts, args.prompts_per_slot * concurrency)
     return argparse.Namespace(
         **vars(args)
@@ -95,6 +103,7 @@ def cell_args(args: argparse.Namespace, concurrency: int, temperature: float) ->
             max_concurrency=concurrency,
             temperature=temperature,
             request_rate=float("inf"),
+            seed=args.seed + CELL_SEED_STRIDE * (index + 1),
         )
     )
 
@@ -115,13 +124,13 @@ def run_server_cells(
             debug_stages=server_cls is TokenlineServer,
             timeout_s=args.timeout,
         )
-        for temperature in args.temperatures:
-            for concurrency in args.concurrency:
-                one = cell_args(args, concurrency, temperature)
-                settings = replace(base, temperature=temperature)
-                run = benchmark(server.label, settings, create_workload(one, tokenizer), one)
-                cells.append(cell_row(server.label, setting, dtype, one, run.report, run.results))
-                print(cell_line(cells[-1]), flush=True)
+        grid = [(t, c) for t in args.temperatures for c in args.concurrency]
+        for index, (temperature, concurrency) in enumerate(grid):
+            one = cell_args(args, concurrency, temperature, index)
+            settings = replace(base, temperature=temperature)
+            run = benchmark(server.label, settings, create_workload(one, tokenizer), one)
+            cells.append(cell_row(server.label, setting, dtype, one, run.report, run.results))
+            print(cell_line(cells[-1]), flush=True)
     return cells
 
 

@@ -4,9 +4,12 @@ and reading a CPU's model and flags (machines of one kind differ)."""
 from __future__ import annotations
 
 import pytest
+from transformers import PreTrainedTokenizerBase
 
 from bench.machine import cpu_model_and_flags, describe
-from bench.serve.sweep import ratio_rows, server_dtype, table_lines
+from bench.serve import cli
+from bench.serve.datasets import build_dataset
+from bench.serve.sweep import cell_args, create_parser, ratio_rows, server_dtype, table_lines
 
 CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -81,3 +84,19 @@ def test_rounds_pair_within_a_round_and_report_medians() -> None:
     # A round the peer did not finish has no pair: it is left out, not divided by None.
     (partial,) = ratio_rows(cells[:3] + cells[3:5])
     assert partial["round_throughput_ratios"] == pytest.approx([3.0, 1.5])
+
+
+def test_every_cell_sends_prompts_no_other_cell_sent(tokenizer: PreTrainedTokenizerBase) -> None:
+    """A prompt sent again would be served from tokenline's prefix cache, not prefilled."""
+    args = create_parser().parse_args(["--concurrency", "4", "8", "--min-prompts", "2"])
+    seen: set[str] = set()
+    grid = [(t, c) for t in (1.0, 0.0) for c in (4, 8)]
+    for index, (temperature, concurrency) in enumerate(grid):
+        one = cell_args(args, concurrency, temperature, index)
+        assert (one.temperature, one.max_concurrency) == (temperature, concurrency)
+        for seed in (one.seed, one.seed + 1):  # the measured prompts and the warm-up's
+            config = cli.dataset_config(one, one.num_prompts, seed)
+            prompts = {p.user for p in build_dataset(config, tokenizer)}
+            assert len(prompts) == one.num_prompts
+            assert not prompts & seen
+            seen |= prompts
