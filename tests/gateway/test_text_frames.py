@@ -14,7 +14,7 @@ from tokenline.v1 import openai_pb2
 
 from gateway.render import chat_chunk, text_completion
 from gateway.sse import sse_frame
-from gateway.text_frames import _MARKER, CHAT_TEXT, COMPLETION_TEXT, TextFrames
+from gateway.text_frames import _MARKER, CHAT_TEXT, COMPLETION_TEXT, TextFrames, TextSlot
 
 SHAPES = [
     {"include_usage": usage, "logprobs": logprobs, "debug": debug}
@@ -85,23 +85,25 @@ def completion_stream(texts: list[str]) -> list[Any]:
 texts = st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=6)
 
 
-@settings(max_examples=60, deadline=None)
-@given(texts=texts)
-def test_chat_frames_are_the_models_bytes(texts: list[str]) -> None:
-    for shape in SHAPES:
-        chunks = chat_stream(texts)
-        frames = TextFrames(CountingFrame(partial(chat_chunk, **shape)), CHAT_TEXT)
-        expected = [sse_frame(chat_chunk(c, **shape)) for c in chunks]
-        assert [frames(c) for c in chunks] == expected
+KINDS = [
+    pytest.param(chat_chunk, CHAT_TEXT, chat_stream, id="chat"),
+    pytest.param(text_completion, COMPLETION_TEXT, completion_stream, id="completion"),
+]
 
 
+@pytest.mark.parametrize(("render", "slot", "stream"), KINDS)
 @settings(max_examples=60, deadline=None)
 @given(texts=texts)
-def test_completion_frames_are_the_models_bytes(texts: list[str]) -> None:
+def test_frames_are_the_models_bytes(
+    render: Callable[..., Any],
+    slot: TextSlot,
+    stream: Callable[[list[str]], list[Any]],
+    texts: list[str],
+) -> None:
     for shape in SHAPES:
-        chunks = completion_stream(texts)
-        frames = TextFrames(CountingFrame(partial(text_completion, **shape)), COMPLETION_TEXT)
-        expected = [sse_frame(text_completion(c, **shape)) for c in chunks]
+        chunks = stream(texts)
+        frames = TextFrames(CountingFrame(partial(render, **shape)), slot)
+        expected = [sse_frame(render(c, **shape)) for c in chunks]
         assert [frames(c) for c in chunks] == expected
 
 
