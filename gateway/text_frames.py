@@ -126,7 +126,7 @@ class TextFrames:
 
     def __call__(self, chunk: Any) -> bytes:
         found = self.slot.find(chunk)
-        if found is None:
+        if found is None or not chunk.created:  # no created: the models write the time now
             return self.frame(chunk)
         choice, text = found
         key = (chunk.id, chunk.created, chunk.model, choice.index)

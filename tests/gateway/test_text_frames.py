@@ -133,3 +133,12 @@ def test_a_marker_that_is_not_unique_falls_back_to_the_models(chunk_id: str) -> 
     # Templated: role, prompt ids, template, logprobs, finish, usage. Not: the failed
     # template too, and each of the three plain chunks.
     assert counting.calls == (6 if chunk_id == "chatcmpl-plain" else 9)
+
+
+def test_a_chunk_without_created_is_never_templated() -> None:
+    """The models write the current time for it, which a template would freeze."""
+    counting = CountingFrame(partial(text_completion, include_usage=False, logprobs=False))
+    frames = TextFrames(counting, COMPLETION_TEXT)
+    for text in ("a", "b", "c"):
+        frames(openai_pb2.CompletionChunk(id="cmpl-1", model="m", choices=[{"text": text}]))
+    assert counting.calls == 3
