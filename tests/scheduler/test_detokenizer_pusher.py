@@ -26,12 +26,14 @@ class RecordingDetokenizer(detokenizer_pb2_grpc.DetokenizerServiceServicer):
         self.rids: list[str] = []
         self.streams = 0
         self.drop_after = drop_first_stream_after
+        self.dropped = False
 
     async def PushTokenBatches(self, request_iterator, context):  # noqa: N802
         self.streams += 1
         async for batch in request_iterator:
             self.rids.extend(row.rid for row in batch.rows)
             if self.streams == 1 and len(self.rids) >= self.drop_after:
+                self.dropped = True
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "simulated restart")
         return detokenizer_pb2.PushAck()
 
@@ -63,7 +65,12 @@ async def test_nothing_is_lost_before_connect_and_a_broken_stream_aborts_its_req
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await early
-    await asyncio.to_thread(publish_all, pusher, expected[10:])
+    await asyncio.to_thread(publish_all, pusher, expected[10:20])
+    # Rows published after the break must go out on a new stream. (Published before it,
+    # the rest could all be in the first stream's transport when it broke, and be lost
+    # with it, leaving nothing for a second stream.)
+    await eventually(lambda: recorder.dropped, timeout=30, what="the first stream's drop")
+    await asyncio.to_thread(publish_all, pusher, expected[20:])
     await pusher.close(timeout=20)
     await server.stop(0)
     assert pusher.is_flushed
