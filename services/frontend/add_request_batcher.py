@@ -10,6 +10,12 @@ still gets its own answer, exactly the error its own AddRequest would have raise
 Policy: a request submitted while none is pending schedules a flush for the next turn
 of the event loop, and everything submitted before then rides in that call. A lone
 request pays one ``call_soon`` and no timer, so an idle server adds no latency.
+
+Requests arriving one per turn (a gateway's streams open as separate messages, each
+read in a turn of its own) would still make a call each, so at most ``max_in_flight``
+calls are out at once: what is submitted while they are goes as one call when the first
+of them is answered (group commit). Under a burst the batches grow by themselves; the
+cost is at most one AddRequests round trip of waiting, and only while a call is out.
 """
 
 from __future__ import annotations
@@ -32,10 +38,16 @@ class AddRequestBatcher:
     """Batches one scheduler's AddRequest calls; ``num_calls`` / ``num_requests`` count
     what went out (``num_requests / num_calls`` is the mean batch)."""
 
-    def __init__(self, stub: scheduler_pb2_grpc.SchedulerServiceStub) -> None:
+    def __init__(
+        self, stub: scheduler_pb2_grpc.SchedulerServiceStub, max_in_flight: int = 1
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
         self._stub = stub
+        self.max_in_flight = max_in_flight
         self._pending: list[_Pending] = []
         self._calls: set[asyncio.Task] = set()
+        self._flush_scheduled = False
         self.num_calls = 0
         self.num_requests = 0
 
@@ -45,16 +57,31 @@ class AddRequestBatcher:
         whether or not the caller still waits (the scheduler may hold the request)."""
         loop = asyncio.get_running_loop()
         accepted: asyncio.Future[None] = loop.create_future()
-        if not self._pending:
-            loop.call_soon(self._flush)
         self._pending.append((req, accepted))
+        self._schedule_flush(loop)
         return accepted
 
+    def _schedule_flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Flush at the next turn, unless one is due or every call slot is taken (then
+        the first call to end flushes)."""
+        if self._flush_scheduled or len(self._calls) >= self.max_in_flight:
+            return
+        self._flush_scheduled = True
+        loop.call_soon(self._flush)
+
     def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._pending:
+            return
         batch, self._pending = self._pending, []
         task = asyncio.ensure_future(self._send(batch))
         self._calls.add(task)
-        task.add_done_callback(self._calls.discard)
+        task.add_done_callback(self._call_ended)
+
+    def _call_ended(self, task: asyncio.Task) -> None:
+        self._calls.discard(task)
+        if self._pending:
+            self._schedule_flush(task.get_loop())
 
     async def _send(self, batch: list[_Pending]) -> None:
         self.num_calls += 1
@@ -83,9 +110,13 @@ class AddRequestBatcher:
             _settle(accepted, None if result.code == 0 else call_error(result))
 
     async def close(self) -> None:
-        """Wait for the calls in flight (their requests may be held by the scheduler)."""
-        if self._calls:
-            await asyncio.gather(*self._calls, return_exceptions=True)
+        """Wait for the calls in flight and those still to go (their requests may be
+        held by the scheduler)."""
+        while self._calls or self._pending:
+            if self._calls:
+                await asyncio.gather(*self._calls, return_exceptions=True)
+            else:
+                await asyncio.sleep(0)  # the flush already scheduled sends them
 
 
 def _settle(accepted: asyncio.Future[None], error: BaseException | None) -> None:

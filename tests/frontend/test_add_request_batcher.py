@@ -20,9 +20,16 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.calls: list[list[str]] = []  # rids of each AddRequests call
         self.answer_only = None  # answer only this many requests (a broken server)
         self.fail_with: grpc.StatusCode | None = None
+        self.gate = asyncio.Event()  # calls are answered only while it is set
+        self.gate.set()
+        self.num_waiting = 0
+        self.target = ""  # where it listens
 
     async def AddRequests(self, request, context):  # noqa: N802
         self.calls.append([r.rid for r in request.reqs])
+        self.num_waiting += 1
+        await self.gate.wait()
+        self.num_waiting -= 1
         if self.fail_with is not None:
             await context.abort(self.fail_with, "scheduler is draining")
         results = [status_pb2.Status() for _ in request.reqs][: self.answer_only]
@@ -36,7 +43,8 @@ async def setup() -> AsyncIterator[tuple[FakeScheduler, AddRequestBatcher]]:
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(fake, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    fake.target = f"127.0.0.1:{port}"
+    channel = grpc.aio.insecure_channel(fake.target)
     batcher = AddRequestBatcher(scheduler_pb2_grpc.SchedulerServiceStub(channel))
     yield fake, batcher
     await batcher.close()
@@ -75,3 +83,63 @@ async def test_a_request_left_unanswered_is_an_internal_error(setup: tuple) -> N
     assert first is None
     assert isinstance(second, grpc.aio.AioRpcError)
     assert second.code() == grpc.StatusCode.INTERNAL
+
+
+async def until(predicate, timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.001)
+
+
+async def test_requests_submitted_while_a_call_is_out_go_as_one_call(setup: tuple) -> None:
+    fake, batcher = setup
+    fake.gate.clear()
+    first = batcher.submit(req("first"))
+    await until(lambda: fake.num_waiting == 1)
+    later = []
+    for i in range(4):  # each in a turn of its own, as a gateway's opens arrive
+        later.append(batcher.submit(req(f"r{i}")))
+        await asyncio.sleep(0.01)
+    assert fake.calls == [["first"]]  # nothing else went out while it was held
+    fake.gate.set()
+    await asyncio.gather(first, *later)
+    assert fake.calls == [["first"], [f"r{i}" for i in range(4)]]
+    assert (batcher.num_calls, batcher.num_requests) == (2, 5)
+
+
+async def test_max_in_flight_bounds_the_calls_out(setup: tuple) -> None:
+    fake, _ = setup
+    channel = grpc.aio.insecure_channel(fake.target)
+    batcher = AddRequestBatcher(scheduler_pb2_grpc.SchedulerServiceStub(channel), max_in_flight=2)
+    fake.gate.clear()
+    futures = []
+    for i in range(4):
+        futures.append(batcher.submit(req(f"r{i}")))
+        await asyncio.sleep(0.01)
+    await until(lambda: fake.num_waiting == 2)
+    assert fake.calls == [["r0"], ["r1"]]
+    fake.gate.set()
+    await asyncio.gather(*futures)
+    assert fake.calls == [["r0"], ["r1"], ["r2", "r3"]]
+    await batcher.close()
+    await channel.close()
+
+
+async def test_close_sends_what_waits_for_a_slot(setup: tuple) -> None:
+    fake, batcher = setup
+    fake.gate.clear()
+    first = batcher.submit(req("first"))
+    await until(lambda: fake.num_waiting == 1)
+    second = batcher.submit(req("second"))
+    closing = asyncio.ensure_future(batcher.close())
+    await asyncio.sleep(0.01)
+    assert not closing.done()
+    fake.gate.set()
+    await closing
+    assert first.done() and second.done() and second.exception() is None
+    assert fake.calls == [["first"], ["second"]]
+
+
+def test_max_in_flight_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_in_flight"):
+        AddRequestBatcher(None, max_in_flight=0)  # type: ignore[arg-type]
