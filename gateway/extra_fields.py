@@ -20,8 +20,10 @@ it is checked against the proto message instead.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
+import typing
 from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -133,18 +135,37 @@ def _extras(model: BaseModel, prefix: str) -> list[tuple[str, Any]]:
             found.append((_join(prefix, key), value))
         else:
             found += _proto_extras(field, value, _join(prefix, key))
-    for name, info in type(model).model_fields.items():
-        path = _join(prefix, info.alias or name)
-        found += _nested(getattr(model, name), path)
+    for name, spelling in _fields_holding_models(type(model)):
+        found += _nested(getattr(model, name), _join(prefix, spelling))
     return found
+
+
+@functools.cache
+def _fields_holding_models(cls: type[BaseModel]) -> tuple[tuple[str, str], ...]:
+    """(attribute, client spelling) of each field of ``cls`` whose type can hold a model:
+    the only ones worth walking (a prompt's token ids never are)."""
+    return tuple(
+        (name, info.alias or name)
+        for name, info in cls.model_fields.items()
+        if _can_hold_model(info.annotation)
+    )
+
+
+def _can_hold_model(annotation: Any) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return any(_can_hold_model(arg) for arg in typing.get_args(annotation))
 
 
 def _nested(value: Any, path: str) -> list[tuple[str, Any]]:
     if isinstance(value, BaseModel):
         return _extras(value, path)
+    found: list[tuple[str, Any]] = []
     if isinstance(value, list):
-        return [item for i, v in enumerate(value) for item in _nested(v, f"{path}[{i}]")]
-    return []
+        for i, item in enumerate(value):
+            if isinstance(item, BaseModel | list):  # a path only where a model can be
+                found += _nested(item, f"{path}[{i}]")
+    return found
 
 
 def _proto_field(descriptor: Descriptor, key: str) -> FieldDescriptor | None:
