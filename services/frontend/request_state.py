@@ -13,7 +13,7 @@ scheduler may hold the rid (and an ending must send an AbortReq):
 then on even if the reply never arrives; ``error`` is set exactly when it is FAILED.
 
 Rows are not queued one by one: each state gathers what arrived since its
-consumer last looked and the shared ``sink`` only says which choice has news. A
+consumer last looked and the shared ``ChoiceNews`` only says which choice has news. A
 consumer that falls behind therefore gets one coalesced row per choice, each text
 piece joined exactly once; one that keeps up gets each row as the detokenizer sent it,
 uncopied (the usual case: one row per step).
@@ -45,13 +45,49 @@ _HELD = frozenset({ReqStage.SENT, ReqStage.RECEIVING, ReqStage.FAILED})
 _OVER = frozenset({ReqStage.REFUSED, ReqStage.FINISHED, ReqStage.FAILED, ReqStage.ABORTED})
 
 
+class ChoiceNews:
+    """Which choices of one client request have news, for the one consumer of them.
+
+    A list and a future instead of an ``asyncio.Queue``: it runs for every streamed
+    token, and the queue looked its loop up (a ``getpid`` system call) on every get.
+    """
+
+    __slots__ = ("_loop", "_indices", "_waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._indices: list[int] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def post(self, index: int) -> None:
+        self._indices.append(index)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def pending(self) -> list[int]:
+        """The indices posted so far, in order; nothing is taken."""
+        return list(self._indices)
+
+    async def take(self) -> list[int]:
+        """Wait for news, then every index posted since the last take, in order."""
+        while not self._indices:
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        indices, self._indices = self._indices, []
+        return indices
+
+
 @dataclass(slots=True, eq=False)
 class ReqState:
     """One choice of one client request, from before dispatch until removal."""
 
     rid: str
     index: int
-    sink: asyncio.Queue[int]
+    sink: ChoiceNews
     label: str = ""  # the client's id for this choice, for logs
     times: common_pb2.StageTimes = field(default_factory=common_pb2.StageTimes)
     stage: ReqStage = ReqStage.CREATED
@@ -115,7 +151,7 @@ class ReqState:
     def _notify(self) -> None:
         if not self.is_pending:
             self.is_pending = True
-            self.sink.put_nowait(self.index)
+            self.sink.post(self.index)
 
 
 def merged_times(
@@ -140,7 +176,7 @@ class ReqStateTable:
         return len(self._states)
 
     def create_all(
-        self, rids: list[str], sink: asyncio.Queue[int], times: common_pb2.StageTimes
+        self, rids: list[str], sink: ChoiceNews, times: common_pb2.StageTimes
     ) -> list[ReqState]:
         """All of a client request's states, or none of them (ALREADY_EXISTS)."""
         taken = [rid for rid in rids if rid in self._states]

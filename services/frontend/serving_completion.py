@@ -14,7 +14,6 @@ from tokenline.v1 import common_pb2, openai_pb2
 
 from services.common.errors import InvalidArgumentError
 from services.frontend.output import (
-    ChoiceAccumulator,
     UnsentTokenIds,
     finish_name,
     set_matched_stop,
@@ -93,7 +92,7 @@ class CompletionServing(ServingBase):
             object="text_completion",
             created=int(time.time()),
             model=self.model_name,
-            usage=self._usage(accs, prep.num_prompt_tokens, prep.n),
+            usage=self._usage([a.usage for a in accs], prep.num_prompt_tokens, prep.n),
         )
         for i, acc in enumerate(accs):
             head = prep.prompts[i // prep.n]
@@ -121,7 +120,9 @@ class CompletionServing(ServingBase):
         make = _chunk_maker(prep.label, self.model_name, int(time.time()))
         include_usage = request.stream_options.include_usage
         continuous = include_usage and request.stream_options.continuous_usage_stats
-        accs = [ChoiceAccumulator() for _ in prep.reqs]
+        # Only counts are kept while streaming: the text and logprobs went out in chunks.
+        num_out = [0] * len(prep.reqs)
+        usages: list[common_pb2.Usage | None] = [None] * len(prep.reqs)
         unsent_ids = UnsentTokenIds(prep.return_token_ids, len(prep.reqs))
         started = [False] * len(prep.reqs)  # prompt_token_ids go on a choice's first chunk
         async with self.manager.open(prep.reqs) as rows:
@@ -133,7 +134,7 @@ class CompletionServing(ServingBase):
                     started[i] = True
                 yield head
             async for index, row in rows:
-                accs[index].add(row)
+                num_out[index] += len(row.output_ids)
                 unsent_ids.add(index, row.output_ids)
                 if not (row.text or row.HasField("finish_reason") or row.logprobs):
                     continue
@@ -149,12 +150,13 @@ class CompletionServing(ServingBase):
                     choice.finish_reason = finish_name(row.finish_reason)
                     set_matched_stop(choice, row.finish_reason, prep.eos_ids)
                     out.times.CopyFrom(row.times)
+                    usages[index] = row.usage
                 if continuous:
-                    out.usage.CopyFrom(self._running(accs, prep.num_prompt_tokens))
+                    out.usage.CopyFrom(self.running_usage(prep.num_prompt_tokens, num_out))
                 yield out
         if include_usage:
             last = make()
-            last.usage.CopyFrom(self._usage(accs, prep.num_prompt_tokens, prep.n))
+            last.usage.CopyFrom(self._usage(usages, prep.num_prompt_tokens, prep.n))
             yield last
 
     def _token_text(self, token_id: int) -> str:
@@ -170,19 +172,14 @@ class CompletionServing(ServingBase):
         out.is_first_null = bool(prompt) and prompt[0].no_logprob
         return out
 
-    def _running(
-        self, accs: list[ChoiceAccumulator], num_prompt: int
-    ) -> openai_pb2.CompletionUsage:
-        return self.running_usage(num_prompt, [a.num_output_tokens for a in accs])
-
     @staticmethod
     def _usage(
-        accs: list[ChoiceAccumulator], num_prompt: int, n: int
+        usages: Sequence[common_pb2.Usage | None], num_prompt: int, n: int
     ) -> openai_pb2.CompletionUsage:
         """Each prompt's tokens and cached tokens counted once (its first choice's: the
         other n - 1 share its KV, as vLLM counts a request), completions summed."""
-        completion = sum(a.usage.completion_tokens for a in accs if a.usage is not None)
-        firsts = [a.usage for a in accs[::n] if a.usage is not None]
+        completion = sum(u.completion_tokens for u in usages if u is not None)
+        firsts = [u for u in usages[::n] if u is not None]
         cached = sum(u.cached_tokens for u in firsts)
         return openai_pb2.CompletionUsage(
             prompt_tokens=num_prompt,

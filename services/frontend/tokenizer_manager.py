@@ -33,7 +33,7 @@ from services.common.errors import SCHEDULER_STREAM_ENDED, UnavailableError
 from services.common.sampling_params import SamplingParams
 from services.common.tls import TlsSettings, open_channel
 from services.frontend.add_request_batcher import AddRequestBatcher
-from services.frontend.request_state import ReqStage, ReqState, ReqStateTable
+from services.frontend.request_state import ChoiceNews, ReqStage, ReqState, ReqStateTable
 from services.frontend.router import SchedulerRouter
 from services.frontend.sessions import SessionRoutes
 
@@ -175,7 +175,7 @@ class TokenizerManager:
         """
         if not self.subscribed.is_set():
             raise UnavailableError("frontend is not connected to the detokenizer yet")
-        sink: asyncio.Queue[int] = asyncio.Queue()
+        sink = ChoiceNews(asyncio.get_running_loop())
         times = requests[0].times or common_pb2.StageTimes()
         states = self.table.create_all([r.rid for r in requests], sink, times)
         for state, req in zip(states, requests, strict=True):
@@ -196,12 +196,12 @@ class TokenizerManager:
                 yield item
 
     async def _rows(
-        self, states: list[ReqState], sink: asyncio.Queue[int]
+        self, states: list[ReqState], sink: ChoiceNews
     ) -> AsyncIterator[tuple[int, detokenizer_pb2.StrRow]]:
         """(index, row) until every choice has finished."""
         remaining = len(states)
         while remaining:
-            for index in await _drain(sink):
+            for index in await sink.take():
                 state = states[index]
                 row = state.take()
                 if state.error is not None:
@@ -331,11 +331,3 @@ class TokenizerManager:
             await stub.GetInfo(scheduler_pb2.ServerInfoRequest(), timeout=5)
             for stub in self._stubs.values()
         ]
-
-
-async def _drain(sink: asyncio.Queue[int]) -> list[int]:
-    """Wait for news, then take every index already queued without waiting again."""
-    indices = [await sink.get()]
-    while not sink.empty():
-        indices.append(sink.get_nowait())
-    return indices

@@ -8,7 +8,13 @@ import pytest
 from tokenline.v1 import common_pb2, detokenizer_pb2
 
 from services.common.errors import AlreadyExistsError
-from services.frontend.request_state import ReqStage, ReqState, ReqStateTable, merged_times
+from services.frontend.request_state import (
+    ChoiceNews,
+    ReqStage,
+    ReqState,
+    ReqStateTable,
+    merged_times,
+)
 
 
 def row(text: str, ids: list[int], final: bool = False) -> detokenizer_pb2.StrRow:
@@ -27,14 +33,15 @@ def row(text: str, ids: list[int], final: bool = False) -> detokenizer_pb2.StrRo
 
 
 def new_state() -> ReqState:
-    return ReqState(rid="r", index=3, sink=asyncio.Queue(), times=common_pb2.StageTimes(received=1))
+    news = ChoiceNews(asyncio.get_running_loop())
+    return ReqState(rid="r", index=3, sink=news, times=common_pb2.StageTimes(received=1))
 
 
 async def test_rows_gathered_before_a_take_come_out_as_one_row() -> None:
     state = new_state()
     for piece, ids in [("Hel", [1]), ("lo ", [2, 3]), ("世界", [4])]:
         state.push(row(piece, ids))
-    assert state.sink.qsize() == 1 and state.sink.get_nowait() == 3  # one notice, not three
+    assert await state.sink.take() == [3]  # one notice, not three
     merged = state.take()
     assert merged.text == "Hello 世界" and list(merged.output_ids) == [1, 2, 3, 4]
     assert [lp.token_id for lp in merged.logprobs] == [1, 2, 3, 4]
@@ -66,10 +73,10 @@ async def test_final_times_keep_the_frontend_stamps_and_add_the_schedulers() -> 
 async def test_rows_after_the_final_one_are_ignored() -> None:
     state = new_state()
     state.push(row("a", [1], final=True))
-    state.sink.get_nowait()
+    assert await state.sink.take() == [3]
     state.take()
     state.push(row("late", [9]))
-    assert state.sink.empty() and state.take().text == ""
+    assert state.sink.pending() == [] and state.take().text == ""
 
 
 async def test_the_stage_says_whether_the_scheduler_may_hold_the_rid() -> None:
@@ -89,7 +96,7 @@ async def test_the_stage_says_whether_the_scheduler_may_hold_the_rid() -> None:
 
 async def test_duplicate_rids_are_refused_all_or_nothing() -> None:
     table = ReqStateTable()
-    sink: asyncio.Queue[int] = asyncio.Queue()
+    sink = ChoiceNews(asyncio.get_running_loop())
     times = common_pb2.StageTimes(received=1)
     first = table.create_all(["a", "b"], sink, times)
     with pytest.raises(AlreadyExistsError):
@@ -104,8 +111,9 @@ async def test_duplicate_rids_are_refused_all_or_nothing() -> None:
 
 async def test_remove_drops_only_the_registered_state() -> None:
     table = ReqStateTable()
-    (state,) = table.create_all(["a"], asyncio.Queue(), common_pb2.StageTimes())
-    stranger = ReqState(rid="a", index=0, sink=asyncio.Queue())
+    news = ChoiceNews(asyncio.get_running_loop())
+    (state,) = table.create_all(["a"], news, common_pb2.StageTimes())
+    stranger = ReqState(rid="a", index=0, sink=news)
     table.remove(stranger)
     assert table.get("a") is state
     table.remove(state)
@@ -117,3 +125,16 @@ def test_merged_times_prefers_nonzero_remote_stamps() -> None:
     remote = common_pb2.StageTimes(received=0, first_token=3.5, finished=6)
     out = merged_times(local, remote)
     assert (out.received, out.tokenized, out.first_token, out.finished) == (1, 2, 3.5, 6)
+
+
+async def test_choice_news_wakes_its_consumer_with_every_index_in_order() -> None:
+    news = ChoiceNews(asyncio.get_running_loop())
+    waiting = asyncio.ensure_future(news.take())
+    await asyncio.sleep(0)
+    assert not waiting.done()  # nothing posted yet
+    news.post(2)
+    news.post(0)  # before the consumer runs: both come in one take
+    assert await waiting == [2, 0]
+    assert news.pending() == []
+    news.post(1)
+    assert news.pending() == [1] and await news.take() == [1]

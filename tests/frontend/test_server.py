@@ -370,6 +370,24 @@ async def test_continuous_usage_counts_up_on_every_chunk(clients: Clients) -> No
     assert counts[-1] == 6 and chunks[-1].usage.completion_tokens == 6 and not chunks[-1].choices
 
 
+async def test_streamed_completion_usage_counts_every_choice_and_each_prompt_once(
+    clients: Clients, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    prompts = ["Count with me", "And me"]
+    request = openai_pb2.CompletionRequest(
+        prompts=prompts,
+        sampling={"max_tokens": 3, "ignore_eos": True, "n": 2},
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+    )
+    chunks = [c async for c in clients.frontend.CompletionStream(request)]
+    running = [c.usage.completion_tokens for c in chunks[:-1]]
+    assert running == sorted(running) and running[-1] == 12  # 2 prompts x 2 choices x 3
+    final = chunks[-1]
+    assert not final.choices and final.usage.completion_tokens == 12
+    assert final.usage.prompt_tokens == sum(len(tokenizer.encode(p)) for p in prompts)
+    assert final.usage.total_tokens == final.usage.prompt_tokens + 12
+
+
 async def test_completion_echo_puts_the_prompt_first(clients: Clients) -> None:
     reply = await clients.frontend.Completion(
         openai_pb2.CompletionRequest(prompts=["Echo me"], echo=True, sampling={"max_tokens": 3})
