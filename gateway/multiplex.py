@@ -40,7 +40,7 @@ _Item = Any
 class MuxStream:
     """One multiplexed stream, read like a ``grpc.aio.UnaryStreamCall``."""
 
-    __slots__ = ("_mux", "_items", "_waiter", "_timer", "stream_id", "done")
+    __slots__ = ("_mux", "_items", "_loop", "_waiter", "_timer", "stream_id", "done")
 
     def __init__(self, mux: FrontendMux, stream_id: int, timeout_s: float | None) -> None:
         self._mux = mux
@@ -48,7 +48,8 @@ class MuxStream:
         self._waiter: asyncio.Future[None] | None = None
         self.stream_id = stream_id
         self.done = False  # its end arrived, or it was cancelled
-        loop = asyncio.get_running_loop()
+        # Kept: looking the loop up costs a getpid system call (Python 3.11), per token here.
+        self._loop = loop = asyncio.get_running_loop()
         self._timer = None if timeout_s is None else loop.call_later(timeout_s, self._expire)
 
     def deliver(self, item: _Item) -> None:
@@ -59,7 +60,7 @@ class MuxStream:
     async def read(self) -> Any:
         """The next message; ``grpc.aio.EOF`` after a clean end; an end's error raised."""
         while not self._items:
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._loop.create_future()
             try:
                 await self._waiter
             finally:
