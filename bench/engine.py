@@ -34,7 +34,7 @@ from services.common.sampling_params import SamplingParams
 from services.common.tokenizer import load_tokenizer
 from services.scheduler.attention import ATTENTION_BACKENDS
 from services.scheduler.engine import Scheduler, SchedulerConfig
-from services.scheduler.engine_build import attach_sampler_kernel
+from services.scheduler.engine_build import attach_kernels
 from services.scheduler.forward_batch import ForwardBatch
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.config import ModelConfig
@@ -118,7 +118,7 @@ def build(args: BenchArgs, overlap: bool = False) -> Scheduler:
         max_running_requests=max_c, max_num_batched_tokens=1024, overlap_schedule=overlap
     )
     scheduler = Scheduler(model, pool, stop_checker, sched_config, args.device)
-    attach_sampler_kernel(scheduler, args.model, device)
+    attach_kernels(scheduler, args.model, device)
     print(f"sampler: {'compiled kernel' if scheduler.sampler.kernel else 'eager'}", flush=True)
     return scheduler
 

@@ -11,12 +11,13 @@ import torch
 
 from services.common.tls import TlsSettings
 from services.common.tokenizer import load_tokenizer
+from services.scheduler.attention.torch_backend import TorchAttentionBackend
 from services.scheduler.engine import Scheduler, SchedulerConfig
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.config import ModelConfig
 from services.scheduler.model.dtype import choose_dtype
 from services.scheduler.model.loader import load_model
-from services.scheduler.sample_kernel import SampleKernel
+from services.scheduler.sample_kernel import SampleKernel, is_registered
 from services.scheduler.stop_checker import StopChecker
 
 logger = logging.getLogger(__name__)
@@ -84,24 +85,30 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
         ),
         device,
     )
-    attach_sampler_kernel(scheduler, config.model, device)
+    attach_kernels(scheduler, config.model, device)
     if config.overlap_schedule:
         logger.info("overlap scheduling on: decode steps chain on a forward worker thread")
     return scheduler, choice.name
 
 
-def attach_sampler_kernel(scheduler: Scheduler, model_dir: str, device: torch.device) -> None:
-    """Give the sampler the compiled plain-row kernel built for this machine, if any."""
+def attach_kernels(scheduler: Scheduler, model_dir: str, device: torch.device) -> None:
+    """Give the sampler and the attention backend the compiled kernels built for this
+    machine, if any."""
     if device.type != "cpu":
         return
     kernel = SampleKernel.load(model_dir)
     scheduler.sampler.kernel = kernel
     if kernel is None:
         logger.info(
-            "sampler: eager (no compiled kernel for this machine; "
-            "python -m services.scheduler.sample_kernel --model %s builds one)",
+            "sampler and decode attention: eager (no compiled kernels for this machine; "
+            "python -m services.scheduler.sample_kernel --model %s builds them)",
             model_dir,
         )
+        return
+    backend = getattr(scheduler.runner.model, "attn_backend", None)
+    if isinstance(backend, TorchAttentionBackend) and is_registered("decode_attention"):
+        backend.decode_kernel = True
+        logger.info("sampler and decode attention: compiled kernels")
     else:
         logger.info("sampler: compiled plain-row kernel")
 

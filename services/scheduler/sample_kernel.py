@@ -1,4 +1,6 @@
-"""The sampler's C++ kernel for plain rows (greedy or temperature only), built per machine.
+"""The engine's C++ kernels, built per machine: the sampler's for plain rows (greedy or
+temperature only) and decode attention (``csrc/decode_attention.cpp``, used by
+``attention/torch_backend.py``), compiled into one library.
 
 A row sampled from the whole softmax (the OpenAI default: temperature only) would need every
 vocabulary entry's ``exp`` to find its inverse CDF. ``csrc/sample_rows.cpp`` draws each row
@@ -17,12 +19,12 @@ in one call, straight from the logits in the model's dtype:
 At [32, 129,280] bf16 on the 2-core AMD EPYC here: 0.3 ms by proposals, 1.0 by inverse CDF,
 0.4 greedy, against 1.6-1.8 for the AOTInductor block sums and torch search it replaced.
 
-``python -m services.scheduler.sample_kernel --model DIR`` (``make kernels``) compiles it with
-the machine's C++ compiler against torch's headers into ``DIR/kernels/``, keyed by everything
-the machine code depends on: torch version, CPU flags, compiler flags and the source. The
-engine loads it with ``torch.ops.load_library`` in about a millisecond and keeps the eager
-path wherever none matches (no compiler, the container image, which drops torch's headers,
-a GPU).
+``python -m services.scheduler.sample_kernel --model DIR`` (``make kernels``) compiles them
+with the machine's C++ compiler against torch's headers into ``DIR/kernels/``, keyed by
+everything the machine code depends on: torch version, CPU flags, compiler flags and the
+sources. The engine loads the library with ``torch.ops.load_library`` in about a
+millisecond and keeps the eager paths wherever none matches (no compiler, the container
+image, which drops torch's headers, a GPU).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 KERNEL_DIR = "kernels"
-SOURCE = Path(__file__).resolve().parent / "csrc" / "sample_rows.cpp"
+_CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = (_CSRC / "sample_rows.cpp", _CSRC / "decode_attention.cpp")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_PROPOSALS = 256
 """Proposals a row may reject before its inverse CDF decides. At least 1 in 16 is accepted
@@ -76,7 +79,7 @@ class SampleKernel:
     def load(cls, model_dir: str | Path) -> SampleKernel | None:
         """The kernel built for this machine, or None when there is none (or it won't load).
         A process registers the op once: a second load finds it registered."""
-        if _is_registered():
+        if is_registered("sample_rows"):
             return cls()
         path = kernel_path(model_dir)
         if not path.is_file():
@@ -84,14 +87,15 @@ class SampleKernel:
         try:
             torch.ops.load_library(str(path))
         except (OSError, RuntimeError) as exc:
-            logger.warning("sampler kernel %s did not load (%s); eager sampling", path, exc)
+            logger.warning("kernels %s did not load (%s); eager paths", path, exc)
             return None
-        return cls() if _is_registered() else None
+        return cls() if is_registered("sample_rows") else None
 
 
-def _is_registered() -> bool:
+def is_registered(op: str) -> bool:
+    """Whether ``torch.ops.tokenline.<op>`` has a CPU kernel in this process."""
     try:
-        return torch._C._dispatch_has_kernel_for_dispatch_key("tokenline::sample_rows", "CPU")
+        return torch._C._dispatch_has_kernel_for_dispatch_key(f"tokenline::{op}", "CPU")
     except RuntimeError:  # "operator ... does not exist"
         return False
 
@@ -102,9 +106,10 @@ def kernel_path(model_dir: str | Path) -> Path:
 
 def kernel_key() -> str:
     """What the compiled machine code depends on; anything else gets another file."""
-    parts = [torch.__version__, _cpu_flags(), " ".join(_isa_flags()), SOURCE.read_text()]
+    parts = [torch.__version__, _cpu_flags(), " ".join(_isa_flags())]
+    parts += [source.read_text() for source in SOURCES]
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-    return f"sample_rows-{digest}"
+    return f"tokenline_ops-{digest}"
 
 
 def _cpu_flags() -> str:
@@ -132,7 +137,7 @@ def _isa_flags() -> list[str]:
         return []
 
 
-def compile_command(source: Path, output: Path) -> list[str]:
+def compile_command(sources: tuple[Path, ...], output: Path) -> list[str]:
     from torch.utils.cpp_extension import include_paths, library_paths
 
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
@@ -149,7 +154,7 @@ def compile_command(source: Path, output: Path) -> list[str]:
         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
         *_isa_flags(),
         *(f"-I{path}" for path in include_paths()),
-        str(source),
+        *(str(source) for source in sources),
         "-o",
         str(output),
         *(f"-L{path}" for path in libs),
@@ -161,7 +166,7 @@ def compile_command(source: Path, output: Path) -> list[str]:
 
 
 def build(model_dir: str | Path) -> Path:
-    """Compile the kernel for this machine into ``model_dir/kernels`` (kept if present)."""
+    """Compile the kernels for this machine into ``model_dir/kernels`` (kept if present)."""
     path = kernel_path(model_dir)
     if path.is_file():
         return path
@@ -169,10 +174,11 @@ def build(model_dir: str | Path) -> Path:
     with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
         staged = Path(scratch) / "kernel.so"
         done = subprocess.run(
-            compile_command(SOURCE, staged), capture_output=True, text=True, check=False
+            compile_command(SOURCES, staged), capture_output=True, text=True, check=False
         )
         if done.returncode != 0:
-            raise RuntimeError(f"compiling {SOURCE.name} failed:\n{done.stderr[-4000:]}")
+            names = ", ".join(source.name for source in SOURCES)
+            raise RuntimeError(f"compiling {names} failed:\n{done.stderr[-4000:]}")
         os.replace(staged, path)  # atomic: a concurrent loader sees all of it or nothing
     return path
 
@@ -186,10 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         path = build(args.model)
     except (OSError, RuntimeError) as exc:  # no compiler, no headers: eager it is
         logger.warning(
-            "sampler kernel not built (%s: %s); the engine samples eagerly", type(exc).__name__, exc
+            "kernels not built (%s: %s); the engine keeps its eager paths", type(exc).__name__, exc
         )
         return 1
-    logger.info("sampler kernel %s", path)
+    logger.info("kernels %s", path)
     return 0
 
 

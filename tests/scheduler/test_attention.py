@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
+from services.scheduler.__main__ import parse_args as scheduler_args
 from services.scheduler.attention import create_attention_backend
 from services.scheduler.attention.base import AttentionBackend
+from services.scheduler.attention.torch_backend import TorchAttentionBackend
+from services.scheduler.engine_build import build_engine
 from services.scheduler.forward_batch import ForwardBatch
 from services.scheduler.kv_pool import KVPool
+from services.scheduler.sample_kernel import is_registered
+from tests.scheduler.conftest import needs_compiler
 
 HEADS, KV_HEADS, HEAD_DIM, NUM_SLOTS = 4, 2, 16, 256
 SCALE = HEAD_DIM**-0.5
@@ -174,3 +181,105 @@ def test_a_bf16_decode_row_is_the_same_alone_and_padded_in_a_batch(seed: int) ->
         alone = decode([0], scale)[0]
         assert torch.equal(decode([0, 1, 2], scale)[0], alone)
         assert torch.equal(decode([2, 0, 1], scale)[1], alone)
+
+
+# ---- the compiled decode kernel (csrc/decode_attention.cpp) ---------------------------
+
+
+@pytest.fixture
+def kernel_backend(kernel_model_dir: Path) -> TorchAttentionBackend:
+    """A torch backend with the compiled decode kernel, as the engine sets it up."""
+    assert is_registered("decode_attention")
+    backend = TorchAttentionBackend()
+    backend.decode_kernel = True
+    return backend
+
+
+@needs_compiler
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_decode_kernel_matches_naive(case: str, kernel_backend: TorchAttentionBackend) -> None:
+    batch, pool, q, k, v = random_step(CASES[case], seed=3)
+    out = run_backend(kernel_backend, batch, pool, q, k, v)
+    torch.testing.assert_close(out, naive_attention(q, batch, pool, 1), atol=1e-5, rtol=1e-5)
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_the_decode_kernel_in_half_precision_is_as_close_as_sdpa(
+    dtype: torch.dtype, kernel_backend: TorchAttentionBackend
+) -> None:
+    """In the pool's dtype the kernel accumulates in float32, as the SDPA path computes
+    decode in float32: both land within one rounding of the output dtype of the exact."""
+    batch, pool, q, k, v = random_step(CASES["decode_only"] * 3, seed=4)
+    pool.k_buffers = [b.to(dtype) for b in pool.k_buffers]
+    pool.v_buffers = [b.to(dtype) for b in pool.v_buffers]
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    with_kernel = run_backend(kernel_backend, batch, pool, q, k, v).float()
+    with_sdpa = run_backend(create_attention_backend("torch", "cpu"), batch, pool, q, k, v)
+    pool.k_buffers = [b.float() for b in pool.k_buffers]
+    pool.v_buffers = [b.float() for b in pool.v_buffers]
+    exact = naive_attention(q.float(), batch, pool, 1)
+    tolerance = 2 * torch.finfo(dtype).eps
+    assert (with_kernel - exact).abs().max() <= tolerance * exact.abs().max()
+    torch.testing.assert_close(with_kernel, with_sdpa.float(), atol=tolerance, rtol=tolerance)
+
+
+@needs_compiler
+def test_a_decode_row_from_the_kernel_is_the_same_alone_and_in_any_batch(
+    kernel_backend: TorchAttentionBackend,
+) -> None:
+    gen = torch.Generator().manual_seed(5)
+    lengths = [40, 300, 90]
+    pool = KVPool(sum(lengths), 2, KV_HEADS, 64, torch.bfloat16)
+    for buf in (*pool.k_buffers, *pool.v_buffers):
+        buf.copy_(torch.randn(buf.shape, generator=gen))
+    starts = [0, *itertools.accumulate(lengths)]
+    slots = [list(range(a, b)) for a, b in itertools.pairwise(starts)]
+    q = torch.randn(len(lengths), HEADS, 64, generator=gen).bfloat16()
+
+    def decode(rows: list[int]) -> torch.Tensor:
+        batch = ForwardBatch.build(
+            [[0] for _ in rows], [lengths[i] - 1 for i in rows], [slots[i] for i in rows]
+        )
+        new = pool.k_buffers[1][[slots[i][-1] for i in rows]]  # rewrite what is there
+        newv = pool.v_buffers[1][[slots[i][-1] for i in rows]]
+        return run_backend(kernel_backend, batch, pool, q[rows], new, newv)
+
+    alone = decode([0])[0]
+    assert torch.equal(decode([0, 1, 2])[0], alone)
+    assert torch.equal(decode([2, 0, 1])[1], alone)
+
+
+@needs_compiler
+def test_the_decode_kernel_refuses_what_would_read_outside_the_pool(
+    kernel_model_dir: Path,
+) -> None:
+    op = torch.ops.tokenline.decode_attention
+    q = torch.randn(2, HEADS, HEAD_DIM)
+    buf = torch.randn(8, KV_HEADS, HEAD_DIM)
+    table = torch.tensor([[0, 1, 2], [3, 4, 0]])
+    assert op(q, buf, buf, table, torch.tensor([3, 2]), SCALE).shape == q.shape
+    cases = [
+        (torch.tensor([[0, 1, 8], [3, 4, 0]]), torch.tensor([3, 2]), "slot out of range"),
+        (torch.tensor([[0, 1, -1], [3, 4, 0]]), torch.tensor([3, 2]), "slot out of range"),
+        (table, torch.tensor([4, 2]), "seq_lens out of range"),
+        (table, torch.tensor([0, 2]), "seq_lens out of range"),
+        (table.int(), torch.tensor([3, 2]), "int64"),
+    ]
+    for slots, lens, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            op(q, buf, buf, slots, lens, SCALE)
+    with pytest.raises(RuntimeError, match="multiple of kv_heads"):
+        op(torch.randn(2, 3, HEAD_DIM), buf, buf, table, torch.tensor([3, 2]), SCALE)
+
+
+@needs_compiler
+def test_the_engine_attaches_the_decode_kernel_when_its_library_is_built(
+    kernel_model_dir: Path, default_model_dir: Path
+) -> None:
+    model_dir = kernel_model_dir / "model"
+    shutil.copytree(default_model_dir, model_dir, ignore=shutil.ignore_patterns("kernels"))
+    shutil.copytree(kernel_model_dir / "kernels", model_dir / "kernels")
+    scheduler, _ = build_engine(scheduler_args(["--model", str(model_dir)]))
+    assert scheduler.runner.model.attn_backend.decode_kernel
+    assert scheduler.sampler.kernel is not None

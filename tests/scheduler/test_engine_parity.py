@@ -3,6 +3,8 @@ batching, chunked prefill and prefix-cache hits."""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,11 +79,32 @@ def expected_cached(rid: str, prompts: dict[str, list[int]]) -> int:
     return min(max(shared, default=0), len(mine) - 1)
 
 
+@pytest.fixture(params=["sdpa", "decode-kernel"])
+def decode_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Decode attention by torch's SDPA, or by the compiled kernel (built for the test)."""
+    if request.param == "sdpa":
+        yield request.param
+        return
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("the kernel needs a C++ compiler")
+    request.getfixturevalue("kernel_model_dir")  # builds and loads the library
+    yield request.param
+
+
 def test_staggered_batched_greedy_matches_hf(
-    default_model_dir: Path, prompts: dict[str, list[int]], hf_model
+    default_model_dir: Path, prompts: dict[str, list[int]], hf_model, decode_path: str
 ) -> None:
     # A small token budget forces chunked prefill of the long prompts while others decode.
     scheduler = make_scheduler(default_model_dir, max_num_batched_tokens=64)
+    backend = scheduler.runner.model.attn_backend  # the cached model's: reset below
+    backend.decode_kernel = decode_path == "decode-kernel"
+    try:
+        _check_staggered_batch(scheduler, prompts, hf_model)
+    finally:
+        backend.decode_kernel = False
+
+
+def _check_staggered_batch(scheduler, prompts: dict[str, list[int]], hf_model) -> None:
     reqs = {
         rid: make_req(rid, prompts[rid], temperature=0.0, max_new_tokens=NEW_TOKENS)
         for rid in PROMPTS

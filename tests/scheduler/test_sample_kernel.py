@@ -6,7 +6,6 @@ and each greedy row is torch's argmax."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,25 +14,20 @@ import pytest
 import torch
 
 from services.scheduler.row_argmax import BLOCK
-from services.scheduler.sample_kernel import SampleKernel, build, kernel_path
+from services.scheduler.sample_kernel import SampleKernel
 from services.scheduler.sampler import Sampler
+from tests.scheduler.conftest import needs_compiler
 from tests.scheduler.test_sampler import assert_goodness_of_fit, req_with_history
 
 RAGGED_VOCAB = 8 * BLOCK + 5  # a last block of 5 entries, shorter than one vector
 DTYPES = [torch.bfloat16, torch.float32, torch.float16]
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("c++") is None and shutil.which("g++") is None,
-    reason="the kernel needs a C++ compiler",
-)
+pytestmark = needs_compiler
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory: pytest.TempPathFactory) -> SampleKernel:
-    model_dir = tmp_path_factory.mktemp("model")
-    path = build(model_dir)
-    assert path == kernel_path(model_dir) and path.is_file()
-    loaded = SampleKernel.load(model_dir)
+def kernel(kernel_model_dir: Path) -> SampleKernel:
+    loaded = SampleKernel.load(kernel_model_dir)
     assert loaded is not None
     return loaded
 

@@ -1,0 +1,26 @@
+"""The engine's compiled kernels (sample_kernel.py), built once per test session with the
+machine's C++ compiler and loaded into this process."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from services.scheduler.sample_kernel import SampleKernel, build, kernel_path
+
+needs_compiler = pytest.mark.skipif(
+    shutil.which("c++") is None and shutil.which("g++") is None,
+    reason="the kernels need a C++ compiler",
+)
+
+
+@pytest.fixture(scope="session")
+def kernel_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model directory whose kernels/ holds this machine's build, loaded here."""
+    model_dir = tmp_path_factory.mktemp("kernels-model")
+    path = build(model_dir)
+    assert path == kernel_path(model_dir) and path.is_file()
+    assert SampleKernel.load(model_dir) is not None
+    return model_dir
