@@ -120,6 +120,8 @@ def build(args: BenchArgs, overlap: bool = False) -> Scheduler:
     scheduler = Scheduler(model, pool, stop_checker, sched_config, args.device)
     attach_kernels(scheduler, args.model, device)
     print(f"sampler: {'compiled kernel' if scheduler.sampler.kernel else 'eager'}", flush=True)
+    attention_kernel = getattr(scheduler.runner.model.attn_backend, "decode_kernel", False)
+    print(f"decode attention: {'compiled kernel' if attention_kernel else 'SDPA'}", flush=True)
     return scheduler
 
 
