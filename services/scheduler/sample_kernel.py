@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 KERNEL_DIR = "kernels"
 _CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (_CSRC / "sample_rows.cpp", _CSRC / "decode_attention.cpp")
+HEADERS = (_CSRC / "float_vec.h",)  # included by the sources: part of the key too
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_PROPOSALS = 256
 """Proposals a row may reject before its inverse CDF decides. At least 1 in 16 is accepted
@@ -107,7 +108,7 @@ def kernel_path(model_dir: str | Path) -> Path:
 def kernel_key() -> str:
     """What the compiled machine code depends on; anything else gets another file."""
     parts = [torch.__version__, _cpu_flags(), " ".join(_isa_flags())]
-    parts += [source.read_text() for source in SOURCES]
+    parts += [source.read_text() for source in (*SOURCES, *HEADERS)]
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     return f"tokenline_ops-{digest}"
 

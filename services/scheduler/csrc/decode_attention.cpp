@@ -17,6 +17,8 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "float_vec.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -25,19 +27,10 @@
 
 namespace {
 
-using Vec = at::vec::Vectorized<float>;
-constexpr int64_t kLanes = Vec::size();
-
-template <typename T>
-inline Vec load_floats(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return Vec::loadu(p);
-  } else {
-    Vec out;
-    at::vec::load_to_float<T>(p, out);
-    return out;
-  }
-}
+using tokenline::kLanes;
+using tokenline::lane_sum;
+using tokenline::load_floats;
+using tokenline::Vec;
 
 template <typename T>
 inline float to_float(T x) {
@@ -52,7 +45,7 @@ inline float dot(const float* a, const T* b, int64_t dim) {
   for (; d + kLanes <= dim; d += kLanes) {
     acc = at::vec::fmadd(Vec::loadu(a + d), load_floats(b + d), acc);
   }
-  float sum = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, acc);
+  float sum = lane_sum(acc);
   for (; d < dim; ++d) sum += a[d] * to_float(b[d]);
   return sum;
 }

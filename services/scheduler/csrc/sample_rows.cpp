@@ -32,6 +32,8 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "float_vec.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -40,22 +42,12 @@
 
 namespace {
 
-using Vec = at::vec::Vectorized<float>;
-constexpr int64_t kLanes = Vec::size();
+using tokenline::kLanes;
+using tokenline::lane_sum;
+using tokenline::load_floats;
+using tokenline::Vec;
 constexpr int64_t kBlock = 128;  // the block size the Python sampler's search uses too
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-// A full vector of entries from `p` as floats.
-template <typename T>
-inline Vec load_floats(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return Vec::loadu(p);
-  } else {
-    Vec out;
-    at::vec::load_to_float<T>(p, out);
-    return out;
-  }
-}
 
 // The last `count` (< kLanes) entries of a row as floats; the lanes past them hold `pad`.
 template <typename T>
@@ -65,10 +57,6 @@ inline Vec load_tail(const T* p, int64_t count, float pad) {
     buffer[i] = i < count ? static_cast<float>(p[i]) : pad;
   }
   return Vec::loadu(buffer);
-}
-
-inline float lane_sum(const Vec& v) {
-  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, v);
 }
 
 // The row's maximum; NaN if it holds one (torch.argmax counts NaN as the maximum).
