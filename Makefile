@@ -49,9 +49,10 @@ proto-check: $(STAMP)
 $(MODEL_DIR)/config.json: | $(STAMP)
 	$(PY) -m services.common.default_model --out $(MODEL_DIR)
 
-# The sampler's compiled plain-row kernel for this machine (sample_kernel.py): built
-# once, kept while torch, the CPU and the kernel are unchanged; where it cannot be built (no
-# C++ compiler) the engine samples eagerly, so a failure here stops nothing.
+# The engine's compiled kernels for this machine, the sampler's and decode attention's
+# (sample_kernel.py): built once, kept while torch, the CPU and the sources are unchanged;
+# where they cannot be built (no C++ compiler) the engine keeps its eager paths, so a
+# failure here stops nothing.
 kernels: $(MODEL_DIR)/config.json
 	-$(PY) -m services.scheduler.sample_kernel --model $(MODEL_DIR)
 
