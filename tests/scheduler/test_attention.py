@@ -149,12 +149,25 @@ def test_flash_attn_backend_matches_naive(case: str) -> None:
     torch.testing.assert_close(out.float().cpu(), expected, atol=3e-2, rtol=3e-2)
 
 
+@pytest.fixture(params=["sdpa", "kernel"])
+def decode_backend(request: pytest.FixtureRequest) -> AttentionBackend:
+    """The torch backend on each decode path: SDPA, or the compiled kernel."""
+    if request.param == "sdpa":
+        return create_attention_backend("torch", "cpu")
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("the kernel needs a C++ compiler")
+    return request.getfixturevalue("kernel_backend")
+
+
 @pytest.mark.parametrize("seed", range(6))
-def test_a_bf16_decode_row_is_the_same_alone_and_padded_in_a_batch(seed: int) -> None:
+def test_a_bf16_decode_row_is_the_same_alone_and_padded_in_a_batch(
+    seed: int, decode_backend: AttentionBackend
+) -> None:
     """Greedy tokens must not depend on what else is decoding: a request's decode output
-    is bit-identical alone and beside longer requests (its keys padded to theirs). bf16
-    SDPA on CPU is not (its result moved with the padding for half of these seeds), so
-    decode runs in float32."""
+    is bit-identical alone and beside longer requests (its keys padded to theirs), on
+    both decode paths. bf16 SDPA on CPU is not (its result moved with the padding for
+    half of these seeds), so the SDPA path decodes in float32; the kernel computes each
+    request on its own."""
     gen = torch.Generator().manual_seed(seed)
     head_dim = 64  # the default model's: the kernel's blocking depends on it
     lengths = [40, 300, 90]  # keys of each request after this step
@@ -166,7 +179,7 @@ def test_a_bf16_decode_row_is_the_same_alone_and_padded_in_a_batch(seed: int) ->
     q = torch.randn(len(lengths), HEADS, head_dim, generator=gen).bfloat16()
     k = torch.randn(len(lengths), KV_HEADS, head_dim, generator=gen).bfloat16()
     v = torch.randn(len(lengths), KV_HEADS, head_dim, generator=gen).bfloat16()
-    backend = create_attention_backend("torch", "cpu")
+    backend = decode_backend
 
     def decode(rows: list[int], scale: float) -> torch.Tensor:
         batch = ForwardBatch.build(
@@ -222,32 +235,6 @@ def test_the_decode_kernel_in_half_precision_is_as_close_as_sdpa(
     tolerance = 2 * torch.finfo(dtype).eps
     assert (with_kernel - exact).abs().max() <= tolerance * exact.abs().max()
     torch.testing.assert_close(with_kernel, with_sdpa.float(), atol=tolerance, rtol=tolerance)
-
-
-@needs_compiler
-def test_a_decode_row_from_the_kernel_is_the_same_alone_and_in_any_batch(
-    kernel_backend: TorchAttentionBackend,
-) -> None:
-    gen = torch.Generator().manual_seed(5)
-    lengths = [40, 300, 90]
-    pool = KVPool(sum(lengths), 2, KV_HEADS, 64, torch.bfloat16)
-    for buf in (*pool.k_buffers, *pool.v_buffers):
-        buf.copy_(torch.randn(buf.shape, generator=gen))
-    starts = [0, *itertools.accumulate(lengths)]
-    slots = [list(range(a, b)) for a, b in itertools.pairwise(starts)]
-    q = torch.randn(len(lengths), HEADS, 64, generator=gen).bfloat16()
-
-    def decode(rows: list[int]) -> torch.Tensor:
-        batch = ForwardBatch.build(
-            [[0] for _ in rows], [lengths[i] - 1 for i in rows], [slots[i] for i in rows]
-        )
-        new = pool.k_buffers[1][[slots[i][-1] for i in rows]]  # rewrite what is there
-        newv = pool.v_buffers[1][[slots[i][-1] for i in rows]]
-        return run_backend(kernel_backend, batch, pool, q[rows], new, newv)
-
-    alone = decode([0])[0]
-    assert torch.equal(decode([0, 1, 2])[0], alone)
-    assert torch.equal(decode([2, 0, 1])[1], alone)
 
 
 @needs_compiler
