@@ -16,6 +16,7 @@ from pathlib import Path
 from tokenline.v1 import detokenizer_pb2, frontend_pb2, frontend_pb2_grpc
 from transformers import PreTrainedTokenizerBase
 
+from services.common.deadlines import ENGINE_ANSWER_RPC_TIMEOUT_S
 from services.common.envs import env_default
 from services.common.grpc_server import GrpcProcess
 from services.common.service_flags import parse_service_args, run_service, service_parser
@@ -66,6 +67,8 @@ class FrontendConfig:
     tool_call_parser: str
     reasoning_parser: str
     max_concurrent_rpcs: int
+    add_calls_in_flight: int
+    add_requests_timeout: float
     drain_timeout: float
     log_level: str
     log_json: bool
@@ -100,6 +103,8 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
         args["scheduler_addrs"] = _addr_list(args["scheduler_addrs"])
     if args["tokenizer_batch_window_ms"] < 0 or args["tokenizer_max_batch_size"] < 1:
         p.error("--tokenizer-batch-window-ms must be >= 0 and --tokenizer-max-batch-size >= 1")
+    if args["add_calls_in_flight"] < 1 or args["add_requests_timeout"] <= 0:
+        p.error("--add-calls-in-flight must be >= 1 and --add-requests-timeout > 0")
     return FrontendConfig(**args, tls=tls)
 
 
@@ -123,6 +128,20 @@ def _add_routing_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         default=4096,
         help="RPCs past this get RESOURCE_EXHAUSTED",
+    )
+    p.add_argument(
+        "--add-calls-in-flight",
+        type=int,
+        default=1,
+        help="AddRequests calls out at once per scheduler; what is dispatched meanwhile "
+        "goes as one call when one is answered",
+    )
+    p.add_argument(
+        "--add-requests-timeout",
+        type=float,
+        default=ENGINE_ANSWER_RPC_TIMEOUT_S,
+        help="seconds an AddRequests call may take; its requests then fail with "
+        "DEADLINE_EXCEEDED and are aborted on the scheduler",
     )
 
 
@@ -231,6 +250,8 @@ def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> 
         config.detokenizer_addr,
         on_finished=on_finished,
         tls=config.tls,
+        add_calls_in_flight=config.add_calls_in_flight,
+        add_timeout_s=config.add_requests_timeout,
     )
     batcher = DynamicBatchTokenizer(
         tokenizer,

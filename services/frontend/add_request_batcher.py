@@ -16,6 +16,12 @@ read in a turn of its own) would still make a call each, so at most ``max_in_fli
 calls are out at once: what is submitted while they are goes as one call when the first
 of them is answered (group commit). Under a burst the batches grow by themselves; the
 cost is at most one AddRequests round trip of waiting, and only while a call is out.
+
+Every call has a deadline (``timeout_s``, by default the scheduler's own wait for its engine
+plus a margin): a scheduler whose loop hangs would otherwise hold this call, and with it
+every request queued behind it, forever. A call that timed out may still have been
+accepted, so its requests are ended with DEADLINE_EXCEEDED and count as possibly held
+(``may_have_reached``): the frontend aborts them.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import grpc
 from google.rpc import status_pb2
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
+from services.common.deadlines import ENGINE_ANSWER_RPC_TIMEOUT_S
 from services.common.errors import call_error
 
 logger = logging.getLogger(__name__)
@@ -39,12 +46,18 @@ class AddRequestBatcher:
     what went out (``num_requests / num_calls`` is the mean batch)."""
 
     def __init__(
-        self, stub: scheduler_pb2_grpc.SchedulerServiceStub, max_in_flight: int = 1
+        self,
+        stub: scheduler_pb2_grpc.SchedulerServiceStub,
+        max_in_flight: int = 1,
+        timeout_s: float = ENGINE_ANSWER_RPC_TIMEOUT_S,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
         self._stub = stub
         self.max_in_flight = max_in_flight
+        self.timeout_s = timeout_s
         self._pending: list[_Pending] = []
         self._calls: set[asyncio.Task] = set()
         self._flush_scheduled = False
@@ -88,7 +101,7 @@ class AddRequestBatcher:
         self.num_requests += len(batch)
         try:
             ack = await self._stub.AddRequests(
-                scheduler_pb2.AddReqBatch(reqs=[req for req, _ in batch])
+                scheduler_pb2.AddReqBatch(reqs=[req for req, _ in batch]), timeout=self.timeout_s
             )
         except grpc.aio.AioRpcError as exc:  # the whole call failed: so did each request
             for _, accepted in batch:
@@ -117,6 +130,16 @@ class AddRequestBatcher:
                 await asyncio.gather(*self._calls, return_exceptions=True)
             else:
                 await asyncio.sleep(0)  # the flush already scheduled sends them
+
+
+def may_have_reached(error: BaseException) -> bool:
+    """Whether a request whose dispatch failed with ``error`` may still be held by the
+    scheduler: its call ran out of time or was cancelled after it went out. A refusal,
+    or a call the scheduler answered with an error, left nothing there."""
+    return isinstance(error, grpc.aio.AioRpcError) and error.code() in _UNKNOWN_OUTCOME
+
+
+_UNKNOWN_OUTCOME = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
 
 
 def _settle(accepted: asyncio.Future[None], error: BaseException | None) -> None:

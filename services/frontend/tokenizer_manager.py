@@ -29,10 +29,11 @@ from tokenline.v1 import (
     session_pb2,
 )
 
+from services.common.deadlines import ENGINE_ANSWER_RPC_TIMEOUT_S
 from services.common.errors import SCHEDULER_STREAM_ENDED, UnavailableError
 from services.common.sampling_params import SamplingParams
 from services.common.tls import TlsSettings, open_channel
-from services.frontend.add_request_batcher import AddRequestBatcher
+from services.frontend.add_request_batcher import AddRequestBatcher, may_have_reached
 from services.frontend.request_state import ChoiceNews, ReqStage, ReqState, ReqStateTable
 from services.frontend.router import SchedulerRouter
 from services.frontend.sessions import SessionRoutes
@@ -70,6 +71,8 @@ class TokenizerManager:
         detokenizer_addr: str,
         on_finished: Callable[[detokenizer_pb2.StrRow, str], None] | None = None,
         tls: TlsSettings | None = None,
+        add_calls_in_flight: int = 1,
+        add_timeout_s: float = ENGINE_ANSWER_RPC_TIMEOUT_S,
     ) -> None:
         self.frontend_id = frontend_id
         self.table = ReqStateTable()
@@ -79,7 +82,10 @@ class TokenizerManager:
         self._stubs = {
             addr: scheduler_pb2_grpc.SchedulerServiceStub(ch) for addr, ch in self._channels.items()
         }
-        self._batchers = {addr: AddRequestBatcher(stub) for addr, stub in self._stubs.items()}
+        self._batchers = {
+            addr: AddRequestBatcher(stub, add_calls_in_flight, add_timeout_s)
+            for addr, stub in self._stubs.items()
+        }
         self.router = SchedulerRouter(self._stubs, frontend_id, on_down=self._scheduler_down)
         self.sessions = SessionRoutes(self._stubs, self.router.pick, frontend_id)
         self._rid_counter = itertools.count()
@@ -260,9 +266,10 @@ class TokenizerManager:
         state.dispatch_call = self._batchers[addr].submit(pb)
         try:
             await asyncio.shield(state.dispatch_call)
-        except grpc.aio.AioRpcError:
-            state.stage = ReqStage.REFUSED  # nothing to abort (and the rid may be another's)
+        except grpc.aio.AioRpcError as exc:
             self.router.refused(addr)
+            if not may_have_reached(exc):  # a timed-out call stays SENT: it gets aborted
+                state.stage = ReqStage.REFUSED  # nothing to abort (the rid may be another's)
             raise
 
     def _release(self, states: list[ReqState]) -> None:
@@ -278,14 +285,16 @@ class TokenizerManager:
     async def _settle_dispatches(self, states: list[ReqState]) -> None:
         """Wait for the AddRequest calls still in flight (so an abort cannot overtake
         one), and mark the states whose call was refused: the scheduler never held them,
-        and their rid is not ours to abort."""
+        and their rid is not ours to abort. A call that timed out is no refusal."""
         calls = [s.dispatch_call for s in states if s.dispatch_call and not s.dispatch_call.done()]
         if calls:
             await asyncio.wait(calls, timeout=_ABORT_TIMEOUT_S)
         for state in states:
             call = state.dispatch_call
-            refused = call is not None and call.done() and (call.cancelled() or call.exception())
-            if refused and state.may_be_held:
+            if call is None or not call.done() or not state.may_be_held:
+                continue
+            error = None if call.cancelled() else call.exception()
+            if call.cancelled() or (error is not None and not may_have_reached(error)):
                 state.stage = ReqStage.REFUSED
 
     async def _abort_unfinished(self, states: list[ReqState]) -> None:

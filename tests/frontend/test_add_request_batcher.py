@@ -12,7 +12,9 @@ import pytest
 from google.rpc import status_pb2
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-from services.frontend.add_request_batcher import AddRequestBatcher
+from services.common.deadlines import ENGINE_ANSWER_RPC_TIMEOUT_S
+from services.frontend.__main__ import parse_args
+from services.frontend.add_request_batcher import AddRequestBatcher, may_have_reached
 
 
 class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
@@ -72,6 +74,7 @@ async def test_a_failed_call_fails_each_of_its_requests(setup: tuple) -> None:
     )
     assert all(isinstance(r, grpc.aio.AioRpcError) for r in results)
     assert {r.code() for r in results} == {grpc.StatusCode.UNAVAILABLE}
+    assert not any(may_have_reached(r) for r in results)  # the scheduler said no: none held
 
 
 async def test_a_request_left_unanswered_is_an_internal_error(setup: tuple) -> None:
@@ -140,6 +143,41 @@ async def test_close_sends_what_waits_for_a_slot(setup: tuple) -> None:
     assert fake.calls == [["first"], ["second"]]
 
 
-def test_max_in_flight_below_one_is_refused() -> None:
-    with pytest.raises(ValueError, match="max_in_flight"):
-        AddRequestBatcher(None, max_in_flight=0)  # type: ignore[arg-type]
+async def test_a_call_past_its_deadline_fails_its_requests_as_possibly_held(setup: tuple) -> None:
+    fake, _ = setup
+    channel = grpc.aio.insecure_channel(fake.target)
+    batcher = AddRequestBatcher(scheduler_pb2_grpc.SchedulerServiceStub(channel), timeout_s=0.2)
+    fake.gate.clear()  # a scheduler that takes the call and never answers
+    results = await asyncio.gather(
+        *(batcher.submit(req(f"r{i}")) for i in range(3)), return_exceptions=True
+    )
+    assert [r.code() for r in results] == [grpc.StatusCode.DEADLINE_EXCEEDED] * 3
+    assert all(may_have_reached(r) for r in results)  # it may hold them: they need aborts
+    fake.gate.set()
+    assert await batcher.submit(req("next")) is None  # the slot was freed: later ones go
+    assert fake.calls == [["r0", "r1", "r2"], ["next"]]
+    await batcher.close()
+    await channel.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"), [({"max_in_flight": 0}, "max_in_flight"), ({"timeout_s": 0}, "timeout_s")]
+)
+def test_bad_bounds_are_refused(kwargs: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        AddRequestBatcher(None, **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_frontend_flags_set_both_bounds() -> None:
+    config = parse_args(
+        ["--model", "m", "--add-calls-in-flight", "2", "--add-requests-timeout", "7.5"]
+    )
+    assert (config.add_calls_in_flight, config.add_requests_timeout) == (2, 7.5)
+    defaults = parse_args(["--model", "m"])
+    assert (defaults.add_calls_in_flight, defaults.add_requests_timeout) == (
+        1,
+        ENGINE_ANSWER_RPC_TIMEOUT_S,
+    )
+    for bad in (["--add-calls-in-flight", "0"], ["--add-requests-timeout", "0"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--model", "m", *bad])

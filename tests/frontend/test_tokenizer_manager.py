@@ -90,7 +90,7 @@ class FakeDetokenizer(detokenizer_pb2_grpc.DetokenizerServiceServicer):
 
 
 class Harness:
-    def __init__(self) -> None:
+    def __init__(self, **manager_kwargs: float) -> None:
         self.scheduler = FakeScheduler()
         self.detokenizer = FakeDetokenizer()
         self.server = grpc.aio.server()
@@ -98,7 +98,7 @@ class Harness:
         detokenizer_pb2_grpc.add_DetokenizerServiceServicer_to_server(self.detokenizer, self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         addr = f"127.0.0.1:{self.port}"
-        self.manager = TokenizerManager("fe-test", [addr], addr)
+        self.manager = TokenizerManager("fe-test", [addr], addr, **manager_kwargs)
 
     async def consume(self, *rids: str) -> list[tuple[int, detokenizer_pb2.StrRow]]:
         reqs = [TokenizedRequest(rid, [5, 6, 7], SamplingParams(max_new_tokens=8)) for rid in rids]
@@ -123,15 +123,23 @@ class Harness:
         await self.manager.close()
 
 
-@pytest.fixture
-async def harness() -> AsyncIterator[Harness]:
-    h = Harness()
+@contextlib.asynccontextmanager
+async def running(**manager_kwargs: float) -> AsyncIterator[Harness]:
+    h = Harness(**manager_kwargs)
     await h.server.start()
     h.manager.start()
     await eventually(lambda: h.manager.can_serve, timeout=10)  # subscribed and leased
-    yield h
-    await h.manager.close()
-    await h.server.stop(None)
+    try:
+        yield h
+    finally:
+        await h.manager.close()
+        await h.server.stop(None)
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[Harness]:
+    async with running() as h:
+        yield h
 
 
 async def added(h: Harness, rid: str) -> None:
@@ -191,6 +199,18 @@ async def test_cancel_while_the_add_is_in_flight_aborts_after_it_lands(harness: 
     assert len(harness.manager.table) == 0
     await eventually(lambda: harness.scheduler.aborts() == ["r1"])
     assert harness.scheduler.events == [("add", "r1"), ("abort", "r1")]
+
+
+async def test_an_add_past_its_deadline_fails_the_request_and_aborts_it() -> None:
+    """A scheduler that does not answer in time may still have taken the request: the
+    client hears DEADLINE_EXCEEDED at once, and the scheduler gets the abort."""
+    async with running(add_timeout_s=0.2) as h:
+        h.scheduler.add_delay = 1.0
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await h.consume("r1")
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert len(h.manager.table) == 0
+        await eventually(lambda: h.scheduler.aborts() == ["r1"])
 
 
 async def test_a_refused_dispatch_only_drops_local_state(harness: Harness) -> None:
