@@ -232,6 +232,9 @@ class TokenizerManager:
         try:
             await self._dispatch_to(self.router.pick(), state, req)
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                # It may hold the request (no retry elsewhere); route new ones around it.
+                self.router.mark_down(state.scheduler)
             if exc.code() != grpc.StatusCode.UNAVAILABLE or len(self._stubs) == 1:
                 raise
             # That replica is down or draining: one more try on another.

@@ -203,13 +203,15 @@ async def test_cancel_while_the_add_is_in_flight_aborts_after_it_lands(harness: 
 
 async def test_an_add_past_its_deadline_fails_the_request_and_aborts_it() -> None:
     """A scheduler that does not answer in time may still have taken the request: the
-    client hears DEADLINE_EXCEEDED at once, and the scheduler gets the abort."""
+    client hears DEADLINE_EXCEEDED at once, the replica is routed around for a while, and
+    the scheduler gets the abort."""
     async with running(add_timeout_s=0.2) as h:
         h.scheduler.add_delay = 1.0
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await h.consume("r1")
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert len(h.manager.table) == 0
+        assert not h.manager.router.is_up(f"127.0.0.1:{h.port}")  # new requests go elsewhere
         await eventually(lambda: h.scheduler.aborts() == ["r1"])
 
 
