@@ -207,6 +207,24 @@ def _health(cluster: Cluster, cid: str) -> str:
     return state.get("Health", {}).get("Status", state["Status"])
 
 
+def check_kernels(cluster: Cluster) -> str:
+    """The scheduler compiled its CPU kernels for this host at its first start (the image
+    ships g++ and torch's headers) and runs on them, not on the eager paths."""
+    logs = cluster.compose("logs", "--no-color", "scheduler")
+    if "sampler and decode attention: compiled kernels" not in logs:
+        tail = "\n".join(line for line in logs.splitlines() if "kernel" in line)[-2000:]
+        raise CheckFailed(f"the scheduler runs without its compiled kernels:\n{tail}")
+    compiled = [line for line in logs.splitlines() if "compiling the CPU kernels" in line]
+    if not compiled or "baseline ISA" in compiled[0]:
+        raise CheckFailed(f"no vector ISA build logged: {compiled}")
+    scheduler = cluster.container("scheduler")
+    built = cluster.run(
+        cluster.docker, "exec", scheduler, "sh", "-c", 'ls "$TOKENLINE_MODEL/kernels"'
+    ).split()
+    flags = compiled[0].partition("machine (")[2].partition(")")[0]
+    return f"built at the first start ({flags}) and loaded: {', '.join(built)}"
+
+
 def check_openai_chat(cluster: Cluster) -> str:
     client = cluster.openai_client()
     request = {"model": cluster.model, "messages": PROMPT, "max_tokens": 16, "temperature": 0}
@@ -534,6 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     report.run("image", lambda: check_image(cluster, args.build_seconds))
     if report.run("start-up", lambda: check_startup(cluster, args.up_started_at)):
         report.run("containers", lambda: check_containers(cluster))
+        report.run("kernels", lambda: check_kernels(cluster))
         report.run("openai chat", lambda: check_openai_chat(cluster))
         report.run("structured out", lambda: check_structured_output(cluster))
         report.run("grpc frontend", lambda: check_grpc_frontend(cluster))

@@ -33,6 +33,10 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar("TOKENLINE_DTYPE", "model dtype: auto, bfloat16, float16, float32"),
         EnvVar("TOKENLINE_DEVICE", "torch device: cpu or cuda"),
         EnvVar("TOKENLINE_ENGINE", "scheduler engine: process (its own) or thread"),
+        EnvVar(
+            "TOKENLINE_BUILD_KERNELS",
+            "scheduler: 1 to compile the CPU kernels at start when none fit this machine",
+        ),
         EnvVar("TOKENLINE_API_KEY", "gateway bearer token; unset disables auth"),
         EnvVar("TOKENLINE_LOG_LEVEL", "logging level"),
         EnvVar("TOKENLINE_LOG_JSON", "1 for JSON log lines"),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-from services.common.envs import env_default
+from services.common.envs import env_default, parse_bool
 from services.common.grpc_server import GrpcProcess, wait_until
 from services.common.service_flags import parse_service_args, run_service, service_parser
 from services.scheduler.detokenizer_pusher import DetokenizerPusher
@@ -58,6 +58,14 @@ def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
         type=int,
         default=512,
         help="KV pool size as a memory budget (K and V of every layer), allocated once at start",
+    )
+    p.add_argument(
+        "--build-kernels",
+        action=argparse.BooleanOptionalAction,
+        default=env_default("TOKENLINE_BUILD_KERNELS", False, parse_bool),
+        help="on CPU, compile the sampler and decode-attention kernels into MODEL/kernels at "
+        "start when none fit this machine (needs a C++ compiler; `make kernels` does it "
+        "ahead of time; without them those steps run eagerly)",
     )
     p.add_argument(
         "--disable-prefix-cache",

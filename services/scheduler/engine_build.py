@@ -17,7 +17,8 @@ from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.config import ModelConfig
 from services.scheduler.model.dtype import choose_dtype
 from services.scheduler.model.loader import load_model
-from services.scheduler.sample_kernel import SampleKernel, is_registered
+from services.scheduler.sample_kernel import SampleKernel, is_registered, isa_flags, kernel_path
+from services.scheduler.sample_kernel import build as build_kernels
 from services.scheduler.stop_checker import StopChecker
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class SchedulerProcessConfig:
     num_threads: int
     stream_interval: int
     overlap_schedule: bool
+    build_kernels: bool
     drain_timeout: float
     log_level: str
     log_json: bool
@@ -85,10 +87,26 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
         ),
         device,
     )
+    if config.build_kernels and device.type == "cpu":
+        build_kernels_if_missing(config.model)
     attach_kernels(scheduler, config.model, device)
     if config.overlap_schedule:
         logger.info("overlap scheduling on: decode steps chain on a forward worker thread")
     return scheduler, choice.name
+
+
+def build_kernels_if_missing(model_dir: str) -> None:
+    """Compile this machine's kernels into ``model_dir/kernels`` unless they are there
+    (``--build-kernels``: the container image ships a compiler; the volume may move
+    between machines). A failure leaves the engine on its eager paths."""
+    if kernel_path(model_dir).is_file():
+        return
+    isa = " ".join(isa_flags()) or "the baseline ISA, no vector flags"
+    logger.info("compiling the CPU kernels for this machine (%s) into %s/kernels", isa, model_dir)
+    try:
+        build_kernels(model_dir)
+    except (OSError, RuntimeError) as exc:
+        logger.warning("kernels not built (%s: %s); eager paths", type(exc).__name__, exc)
 
 
 def attach_kernels(scheduler: Scheduler, model_dir: str, device: torch.device) -> None:

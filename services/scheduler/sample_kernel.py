@@ -107,7 +107,7 @@ def kernel_path(model_dir: str | Path) -> Path:
 
 def kernel_key() -> str:
     """What the compiled machine code depends on; anything else gets another file."""
-    parts = [torch.__version__, _cpu_flags(), " ".join(_isa_flags())]
+    parts = [torch.__version__, _cpu_flags(), " ".join(isa_flags())]
     parts += [source.read_text() for source in (*SOURCES, *HEADERS)]
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     return f"tokenline_ops-{digest}"
@@ -124,7 +124,7 @@ def _cpu_flags() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
-def _isa_flags() -> list[str]:
+def isa_flags() -> list[str]:
     """The vector ISA torch's own CPU code generator picks here (its compiler flags and the
     ``CPU_CAPABILITY`` macro that selects ``at::vec``'s implementation); none: scalar."""
     try:
@@ -153,7 +153,7 @@ def compile_command(sources: tuple[Path, ...], output: Path) -> list[str]:
         "-fPIC",
         "-fopenmp",  # at::parallel_for splits rows over torch's OpenMP threads
         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-        *_isa_flags(),
+        *isa_flags(),
         *(f"-I{path}" for path in include_paths()),
         *(str(source) for source in sources),
         "-o",

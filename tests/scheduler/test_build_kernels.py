@@ -1,0 +1,54 @@
+"""``--build-kernels``: when the scheduler compiles its CPU kernels at start. The compiler
+step itself is faked here (the real build runs in ``kernel_model_dir``, conftest.py); what
+is under test is the decision around it and the flag that asks for it."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from services.scheduler import engine_build
+from services.scheduler.__main__ import parse_args
+from services.scheduler.engine_build import build_kernels_if_missing
+from services.scheduler.sample_kernel import kernel_path
+
+
+def test_kernels_are_built_only_when_none_fit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    built: list[str] = []
+
+    def fake_build(model_dir: str) -> Path:  # stands in for the compiler
+        built.append(model_dir)
+        path = kernel_path(model_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+        return path
+
+    monkeypatch.setattr(engine_build, "build_kernels", fake_build)
+    build_kernels_if_missing(str(tmp_path))
+    build_kernels_if_missing(str(tmp_path))  # this machine's build is there now
+    assert built == [str(tmp_path)]
+
+
+def test_a_failed_build_is_a_warning_not_a_failed_start(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def no_compiler(model_dir: str) -> Path:
+        raise FileNotFoundError("no C++ compiler (c++ / g++, or $CXX)")
+
+    monkeypatch.setattr(engine_build, "build_kernels", no_compiler)
+    with caplog.at_level(logging.WARNING, logger=engine_build.__name__):
+        build_kernels_if_missing(str(tmp_path))
+    assert "kernels not built (FileNotFoundError: no C++ compiler" in caplog.text
+
+
+def test_the_flag_and_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TOKENLINE_BUILD_KERNELS", raising=False)
+    assert parse_args(["--model", "m"]).build_kernels is False
+    assert parse_args(["--model", "m", "--build-kernels"]).build_kernels is True
+    monkeypatch.setenv("TOKENLINE_BUILD_KERNELS", "1")
+    assert parse_args(["--model", "m"]).build_kernels is True
+    assert parse_args(["--model", "m", "--no-build-kernels"]).build_kernels is False
