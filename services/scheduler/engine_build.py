@@ -99,11 +99,13 @@ def build_kernels_if_missing(model_dir: str) -> None:
     """Compile this machine's kernels into ``model_dir/kernels`` unless they are there
     (``--build-kernels``: the container image ships a compiler; the volume may move
     between machines). A failure leaves the engine on its eager paths."""
-    if kernel_path(model_dir).is_file():
-        return
-    isa = " ".join(isa_flags()) or "the baseline ISA, no vector flags"
-    logger.info("compiling the CPU kernels for this machine (%s) into %s/kernels", isa, model_dir)
     try:
+        if kernel_path(model_dir).is_file():
+            return
+        isa = " ".join(isa_flags()) or "the baseline ISA, no vector flags"
+        logger.info(
+            "compiling the CPU kernels for this machine (%s) into %s/kernels", isa, model_dir
+        )
         build_kernels(model_dir)
     except (OSError, RuntimeError) as exc:
         logger.warning("kernels not built (%s: %s); eager paths", type(exc).__name__, exc)

@@ -82,7 +82,11 @@ class SampleKernel:
         A process registers the op once: a second load finds it registered."""
         if is_registered("sample_rows"):
             return cls()
-        path = kernel_path(model_dir)
+        try:
+            path = kernel_path(model_dir)
+        except OSError as exc:  # an install without the C++ sources cannot key a build
+            logger.warning("no kernel sources (%s); eager paths", exc)
+            return None
         if not path.is_file():
             return None
         try:

@@ -5,11 +5,13 @@ is under test is the decision around it and the flag that asks for it."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from services.scheduler import engine_build
+from services.scheduler import engine_build, sample_kernel
 from services.scheduler.__main__ import parse_args
 from services.scheduler.engine_build import build_kernels_if_missing
 from services.scheduler.sample_kernel import kernel_path
@@ -52,3 +54,25 @@ def test_the_flag_and_its_environment_variable(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("TOKENLINE_BUILD_KERNELS", "1")
     assert parse_args(["--model", "m"]).build_kernels is True
     assert parse_args(["--model", "m", "--no-build-kernels"]).build_kernels is False
+
+
+def test_an_install_without_the_sources_warns_and_runs_eagerly(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An install that lost csrc/ (the wheel once did) must not stop the scheduler: both
+    the build at start and the load say why and leave the eager paths."""
+    missing = tmp_path / "csrc" / "sample_rows.cpp"
+    monkeypatch.setattr(sample_kernel, "SOURCES", (missing,))
+    with caplog.at_level(logging.WARNING, logger=engine_build.__name__):
+        build_kernels_if_missing(str(tmp_path))
+    assert "kernels not built (FileNotFoundError" in caplog.text
+    # A fresh process: this one may have registered the op already (then load needs no key).
+    code = (
+        "from pathlib import Path\n"
+        "from services.scheduler import sample_kernel\n"
+        f"sample_kernel.SOURCES = (Path({str(missing)!r}),)\n"
+        f"assert sample_kernel.SampleKernel.load({str(tmp_path)!r}) is None\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "no kernel sources" in done.stderr
