@@ -37,6 +37,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -134,7 +135,11 @@ def isa_flags() -> list[str]:
     try:
         from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-        isa = pick_vec_isa()
+        with warnings.catch_warnings():
+            # Its probe builds add Python's include dir, absent where no python3-dev is
+            # installed (the image); the probe code does not include Python.h.
+            warnings.filterwarnings("ignore", message="Can't find Python.h")
+            isa = pick_vec_isa()
         if not isa:
             return []
         return [*isa.build_arch_flags().split(), *(f"-D{m}" for m in isa.build_macro())]
