@@ -147,24 +147,36 @@ def isa_flags() -> list[str]:
         return []
 
 
-def compile_command(sources: tuple[Path, ...], output: Path) -> list[str]:
+def compile_commands(
+    sources: tuple[Path, ...], scratch: Path, output: Path
+) -> tuple[list[list[str]], list[str]]:
+    """One compile per source (``scratch/<name>.o``; they run at once, a core each) and
+    the link of their objects into ``output``."""
     from torch.utils.cpp_extension import include_paths, library_paths
 
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if compiler is None:
         raise FileNotFoundError("no C++ compiler (c++ / g++, or $CXX)")
-    libs = library_paths()
-    return [
-        compiler,
+    flags = [
         "-O3",
         "-std=c++20",
-        "-shared",
         "-fPIC",
         "-fopenmp",  # at::parallel_for splits rows over torch's OpenMP threads
         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
         *isa_flags(),
         *(f"-I{path}" for path in include_paths()),
-        *(str(source) for source in sources),
+    ]
+    objects = [scratch / f"{source.stem}.o" for source in sources]
+    compiles = [
+        [compiler, *flags, "-c", str(source), "-o", str(obj)]
+        for source, obj in zip(sources, objects, strict=True)
+    ]
+    libs = library_paths()
+    link = [
+        compiler,
+        "-shared",
+        "-fopenmp",
+        *(str(obj) for obj in objects),
         "-o",
         str(output),
         *(f"-L{path}" for path in libs),
@@ -173,6 +185,7 @@ def compile_command(sources: tuple[Path, ...], output: Path) -> list[str]:
         "-ltorch_cpu",
         "-ltorch",
     ]
+    return compiles, link
 
 
 def build(model_dir: str | Path) -> Path:
@@ -183,12 +196,19 @@ def build(model_dir: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
         staged = Path(scratch) / "kernel.so"
-        done = subprocess.run(
-            compile_command(SOURCES, staged), capture_output=True, text=True, check=False
-        )
-        if done.returncode != 0:
+        compiles, link = compile_commands(SOURCES, Path(scratch), staged)
+        running = [
+            subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for cmd in compiles
+        ]
+        failed = [(proc, proc.communicate()[1]) for proc in running]
+        errors = [err for proc, err in failed if proc.returncode != 0]
+        if not errors:
+            done = subprocess.run(link, capture_output=True, text=True, check=False)
+            errors = [done.stderr] if done.returncode != 0 else []
+        if errors:
             names = ", ".join(source.name for source in SOURCES)
-            raise RuntimeError(f"compiling {names} failed:\n{done.stderr[-4000:]}")
+            raise RuntimeError(f"compiling {names} failed:\n{''.join(errors)[-4000:]}")
         os.replace(staged, path)  # atomic: a concurrent loader sees all of it or nothing
     return path
 

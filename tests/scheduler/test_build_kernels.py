@@ -15,6 +15,7 @@ from services.scheduler import engine_build, sample_kernel
 from services.scheduler.__main__ import parse_args
 from services.scheduler.engine_build import build_kernels_if_missing
 from services.scheduler.sample_kernel import kernel_path
+from tests.scheduler.conftest import needs_compiler
 
 
 def test_kernels_are_built_only_when_none_fit(
@@ -76,3 +77,22 @@ def test_an_install_without_the_sources_warns_and_runs_eagerly(
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "no kernel sources" in done.stderr
+
+
+@needs_compiler
+def test_a_source_that_does_not_compile_fails_the_build_and_leaves_no_library(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The sources compile at once, each in its own process: one that fails fails the
+    build with its compiler's message, and nothing half-built is left to load."""
+    good, bad = tmp_path / "good.cpp", tmp_path / "bad.cpp"
+    good.write_text("int tokenline_fine() { return 1; }\n")
+    bad.write_text("int tokenline_broken( { return 1; }\n")
+    monkeypatch.setattr(sample_kernel, "SOURCES", (good, bad))
+    monkeypatch.setattr(sample_kernel, "HEADERS", ())
+    with pytest.raises(RuntimeError, match=r"(?s)compiling good\.cpp, bad\.cpp failed:.*bad\.cpp"):
+        sample_kernel.build(tmp_path)
+    assert not kernel_path(tmp_path).exists()
+    assert list((tmp_path / "kernels").iterdir()) == []  # the scratch directory went too
+    monkeypatch.setattr(sample_kernel, "SOURCES", (good,))
+    assert sample_kernel.build(tmp_path) == kernel_path(tmp_path)  # alone it links
