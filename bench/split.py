@@ -281,9 +281,15 @@ def floor_line(floor: dict[str, float], cells: list[dict[str, Any]]) -> str:
     return (
         f"gRPC floor (grpc.aio alone, the same message): read {read:.0f} us, write {write:.0f} "
         f"us per message; per token the gateway spends {stack['gateway']:.0f} "
-        f"({stack['gateway'] / read:.1f}x the read), the frontend {stack['frontend']:.0f} "
-        f"({stack['frontend'] / write:.1f}x the write)"
+        f"({_times(stack['gateway'], read, 'read')}), the frontend {stack['frontend']:.0f} "
+        f"({_times(stack['frontend'], write, 'write')})"
     )
+
+
+def _times(cost: float, floor: float, what: str) -> str:
+    """``cost`` as a multiple of the ``what`` floor; a short run can read a floor of 0 (less
+    CPU than one /proc clock tick), which is said rather than divided by."""
+    return f"{cost / floor:.1f}x the {what}" if floor > 0 else f"the {what} under one clock tick"
 
 
 def engine_flags(args: argparse.Namespace) -> list[str]:

@@ -41,6 +41,9 @@ def test_a_cell_takes_medians_of_rounds_and_names_every_process() -> None:
     floor = {"client_read_us_per_message": 38.0, "server_write_us_per_message": 40.0}
     assert "(2.5x the read)" in floor_line(floor, [cell])
     assert "(2.0x the write)" in floor_line(floor, [cell])
+    # A short run's floor can read 0 CPU (below one /proc tick): said, not divided by.
+    short = {"client_read_us_per_message": 38.0, "server_write_us_per_message": 0.0}
+    assert "(the write under one clock tick)" in floor_line(short, [cell])
 
 
 def test_the_grpc_floor_reads_every_message_and_costs_cpu_on_both_sides() -> None:
