@@ -147,6 +147,11 @@ def isa_flags() -> list[str]:
         return []
 
 
+def find_compiler() -> str | None:
+    """The C++ compiler a build uses: ``$CXX``, else ``c++`` or ``g++`` on the path."""
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
 def compile_commands(
     sources: tuple[Path, ...], scratch: Path, output: Path
 ) -> tuple[list[list[str]], list[str]]:
@@ -154,7 +159,7 @@ def compile_commands(
     the link of their objects into ``output``."""
     from torch.utils.cpp_extension import include_paths, library_paths
 
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    compiler = find_compiler()
     if compiler is None:
         raise FileNotFoundError("no C++ compiler (c++ / g++, or $CXX)")
     flags = [

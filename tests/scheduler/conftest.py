@@ -3,17 +3,14 @@ machine's C++ compiler and loaded into this process."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-from services.scheduler.sample_kernel import SampleKernel, build, kernel_path
+from services.scheduler.sample_kernel import SampleKernel, build, find_compiler, kernel_path
 
-needs_compiler = pytest.mark.skipif(
-    shutil.which("c++") is None and shutil.which("g++") is None,
-    reason="the kernels need a C++ compiler",
-)
+NO_COMPILER = "the kernels need a C++ compiler"
+needs_compiler = pytest.mark.skipif(find_compiler() is None, reason=NO_COMPILER)
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,8 @@ from services.scheduler.attention.torch_backend import TorchAttentionBackend
 from services.scheduler.engine_build import build_engine
 from services.scheduler.forward_batch import ForwardBatch
 from services.scheduler.kv_pool import KVPool
-from services.scheduler.sample_kernel import is_registered
-from tests.scheduler.conftest import needs_compiler
+from services.scheduler.sample_kernel import find_compiler, is_registered
+from tests.scheduler.conftest import NO_COMPILER, needs_compiler
 
 HEADS, KV_HEADS, HEAD_DIM, NUM_SLOTS = 4, 2, 16, 256
 SCALE = HEAD_DIM**-0.5
@@ -154,8 +154,8 @@ def decode_backend(request: pytest.FixtureRequest) -> AttentionBackend:
     """The torch backend on each decode path: SDPA, or the compiled kernel."""
     if request.param == "sdpa":
         return create_attention_backend("torch", "cpu")
-    if shutil.which("c++") is None and shutil.which("g++") is None:
-        pytest.skip("the kernel needs a C++ compiler")
+    if find_compiler() is None:
+        pytest.skip(NO_COMPILER)
     return request.getfixturevalue("kernel_backend")
 
 
