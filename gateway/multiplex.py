@@ -105,6 +105,8 @@ class FrontendMux:
         self._ids = itertools.count(1)
         self._streams: dict[int, MuxStream] = {}
         self._call: grpc.aio.StreamStreamCall | None = None
+        # Each call gets its own queue (``_connect``); this one only types the attribute
+        # until the first: nothing is put in it, since a stream opens only on a call.
         self._outgoing: asyncio.Queue[frontend_pb2.MuxRequest | None] = asyncio.Queue()
         self._reader: asyncio.Task[None] | None = None
 

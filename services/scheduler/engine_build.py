@@ -17,7 +17,7 @@ from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.config import ModelConfig
 from services.scheduler.model.dtype import choose_dtype
 from services.scheduler.model.loader import load_model
-from services.scheduler.sample_kernel import SampleKernel, is_registered, isa_flags, kernel_path
+from services.scheduler.sample_kernel import SampleKernel, is_registered
 from services.scheduler.sample_kernel import build as build_kernels
 from services.scheduler.stop_checker import StopChecker
 
@@ -100,12 +100,6 @@ def build_kernels_if_missing(model_dir: str) -> None:
     (``--build-kernels``: the container image ships a compiler; the volume may move
     between machines). A failure leaves the engine on its eager paths."""
     try:
-        if kernel_path(model_dir).is_file():
-            return
-        isa = " ".join(isa_flags()) or "the baseline ISA, no vector flags"
-        logger.info(
-            "compiling the CPU kernels for this machine (%s) into %s/kernels", isa, model_dir
-        )
         build_kernels(model_dir)
     except (OSError, RuntimeError) as exc:
         logger.warning("kernels not built (%s: %s); eager paths", type(exc).__name__, exc)

@@ -198,6 +198,8 @@ def build(model_dir: str | Path) -> Path:
     path = kernel_path(model_dir)
     if path.is_file():
         return path
+    isa = " ".join(isa_flags()) or "the baseline ISA, no vector flags"
+    logger.info("compiling the CPU kernels for this machine (%s) into %s", isa, path.parent)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
         staged = Path(scratch) / "kernel.so"

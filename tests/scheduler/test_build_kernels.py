@@ -18,22 +18,26 @@ from services.scheduler.sample_kernel import kernel_path
 from tests.scheduler.conftest import needs_compiler
 
 
+@needs_compiler
 def test_kernels_are_built_only_when_none_fit(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    built: list[str] = []
-
-    def fake_build(model_dir: str) -> Path:  # stands in for the compiler
-        built.append(model_dir)
-        path = kernel_path(model_dir)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"")
-        return path
-
-    monkeypatch.setattr(engine_build, "build_kernels", fake_build)
-    build_kernels_if_missing(str(tmp_path))
-    build_kernels_if_missing(str(tmp_path))  # this machine's build is there now
-    assert built == [str(tmp_path)]
+    """A real compile of a one-line source: the first start builds and says for which ISA,
+    the second finds the library and leaves it untouched."""
+    source = tmp_path / "one.cpp"
+    source.write_text("int tokenline_one() { return 1; }\n")
+    monkeypatch.setattr(sample_kernel, "SOURCES", (source,))
+    monkeypatch.setattr(sample_kernel, "HEADERS", ())
+    with caplog.at_level(logging.INFO, logger=sample_kernel.__name__):
+        build_kernels_if_missing(str(tmp_path))
+        built = kernel_path(tmp_path).stat()
+        build_kernels_if_missing(str(tmp_path))  # this machine's build is there now
+    compiled = [r.getMessage() for r in caplog.records if "compiling the CPU kernels" in r.message]
+    assert len(compiled) == 1
+    flags = " ".join(sample_kernel.isa_flags()) or "the baseline ISA"
+    assert flags in compiled[0]
+    again = kernel_path(tmp_path).stat()
+    assert (again.st_ino, again.st_mtime_ns) == (built.st_ino, built.st_mtime_ns)
 
 
 def test_a_failed_build_is_a_warning_not_a_failed_start(
