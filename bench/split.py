@@ -111,10 +111,15 @@ def prompts(num: int, length: int, seed: int) -> list[list[int]]:
 class Round:
     """One run of a cell: output tokens/s, and CPU microseconds per output token of each
     process that took part (the engine alone: this process; the stack: its services, the
-    engine process and this process as the load generator)."""
+    engine process and this process as the load generator). ``first_tokens_s`` is when
+    every request had its first token, from the first submission (the stack: when its
+    client had it); ``elapsed_s`` the whole round. Before the first, a round pays each
+    request's admission and prefill; after it, only decoding and delivery per token."""
 
     tok_s: float
     cpu_us_per_token: dict[str, float]
+    first_tokens_s: float
+    elapsed_s: float
 
 
 class CpuMeter:
@@ -138,21 +143,23 @@ def run_engine(scheduler: Scheduler, ids: list[list[int]], out_len: int, temp: f
     tag = time.perf_counter()  # rids unique across rounds
     reqs = [bench_req(f"split-{tag}-{i}", prompt, out_len, temp) for i, prompt in enumerate(ids)]
     meter = CpuMeter({"engine": [os.getpid()]})
+    submitted = time.time()  # the stamps in ``req.times`` are wall-clock
     produced, elapsed = run_to_end(scheduler, reqs)
     cpu = meter.per_token_us(produced)
+    first_tokens = max(req.times.first_token or submitted for req in reqs) - submitted
     scheduler.flush_cache()  # the next round must not start from a warm prefix cache
-    return Round(produced / elapsed, cpu)
+    return Round(produced / elapsed, cpu, first_tokens, elapsed)
 
 
 def run_stack(stack: LocalStack, ids: list[list[int]], out_len: int, temp: float) -> Round:
     """The same requests streamed through the gateway."""
     meter = CpuMeter(stack_pids(stack) | {"load generator": [os.getpid()]})
     start = time.perf_counter()
-    tokens = asyncio.run(stream_all(stack.base_url, ids, out_len, temp))
+    tokens, first_tokens_at = asyncio.run(stream_all(stack.base_url, ids, out_len, temp))
     elapsed = time.perf_counter() - start
     cpu = meter.per_token_us(tokens)
     flush_stack_cache(stack)  # as the engine alone flushes: no round reuses another's prefill
-    return Round(tokens / elapsed, cpu)
+    return Round(tokens / elapsed, cpu, first_tokens_at - start, elapsed)
 
 
 def flush_stack_cache(stack: LocalStack, timeout_s: float = 10.0) -> None:
@@ -170,20 +177,25 @@ def flush_stack_cache(stack: LocalStack, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-async def stream_all(base_url: str, ids: list[list[int]], out_len: int, temp: float) -> int:
-    """Output tokens of the requests, all streamed at once.
+async def stream_all(
+    base_url: str, ids: list[list[int]], out_len: int, temp: float
+) -> tuple[int, float]:
+    """Output tokens of the requests, all streamed at once, and when (``perf_counter``)
+    the last of them had its first token.
 
     aiohttp, as ``bench.serve``: the load generator shares the two cores with the stack,
     and httpx's pure-Python parsing of 4,096 frames cost more CPU than the detokenizer.
     """
     async with new_session(len(ids), timeout_s=600) as client:
-        counts = await asyncio.gather(*(_stream(client, base_url, p, out_len, temp) for p in ids))
-    return sum(counts)
+        streams = await asyncio.gather(*(_stream(client, base_url, p, out_len, temp) for p in ids))
+    return sum(tokens for tokens, _ in streams), max(first for _, first in streams)
 
 
 async def _stream(
     client: aiohttp.ClientSession, base_url: str, prompt: list[int], out_len: int, temp: float
-) -> int:
+) -> tuple[int, float]:
+    """The stream's output tokens, and when its first arrived: the gateway answers with
+    its headers once the first chunk is there, so that is when ``post`` returns."""
     body = {
         "model": "tokenline-tiny",
         "prompt": prompt,
@@ -195,6 +207,7 @@ async def _stream(
     }
     tail = b""
     async with client.post(f"{base_url}/completions", json=body) as response:
+        first_at = time.perf_counter()
         response.raise_for_status()
         # The token frames are read as they come and not split into lines: the load
         # generator shares the two cores, and only the closing usage frame is parsed.
@@ -203,7 +216,7 @@ async def _stream(
     tokens = completion_tokens(tail)
     if tokens != out_len:
         raise RuntimeError(f"a request produced {tokens} tokens, expected {out_len}")
-    return tokens
+    return tokens, first_at
 
 
 _TAIL_BYTES = 4096  # the end of a stream: its usage frame and ``[DONE]``
@@ -238,6 +251,7 @@ def measure(args: argparse.Namespace, scheduler: Scheduler, stack: LocalStack) -
                 flush=True,
             )
             print(f"    {cpu_line(cell)}", flush=True)
+            print(f"    {phase_line(cell)}", flush=True)
             cells.append(cell)
     return cells
 
@@ -254,6 +268,14 @@ def _cell(temp: float, c: int, engine: list[Round], stack: list[Round]) -> dict[
         # Medians over rounds: how much CPU one output token cost each process.
         "engine_alone_cpu_us_per_token": _median_cpu(engine)["engine"],
         "stack_cpu_us_per_token": _median_cpu(stack),
+        # Medians over rounds, in ms: until every request had its first token, and after.
+        "phases_ms": {
+            side: {
+                "first_tokens": statistics.median(r.first_tokens_s for r in rounds) * 1e3,
+                "after": statistics.median(r.elapsed_s - r.first_tokens_s for r in rounds) * 1e3,
+            }
+            for side, rounds in (("engine", engine), ("stack", stack))
+        },
     }
 
 
@@ -270,6 +292,19 @@ def cpu_line(cell: dict[str, Any]) -> str:
     return (
         f"CPU us per output token: engine alone {cell['engine_alone_cpu_us_per_token']:,.0f}; "
         f"in the stack: {parts}"
+    )
+
+
+def phase_line(cell: dict[str, Any]) -> str:
+    """Which part of a round the split slows: the part until every request has its first
+    token (per-request work: the HTTP request, dispatch, prefill) or the decoding after it
+    (per-token work: each step's rows through every hop)."""
+    engine, stack = cell["phases_ms"]["engine"], cell["phases_ms"]["stack"]
+    after = engine["after"] / stack["after"] if stack["after"] > 0 else float("nan")
+    return (
+        f"round (ms): until every first token engine {engine['first_tokens']:,.0f}, stack "
+        f"{stack['first_tokens']:,.0f}; after it engine {engine['after']:,.0f}, stack "
+        f"{stack['after']:,.0f} (the stack at {after:.2f}x the engine's pace)"
     )
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from bench.grpc_floor import measure_floor
 from bench.procs import cpu_seconds, read_rss_mib
-from bench.split import Round, _cell, cpu_line, floor_line
+from bench.split import Round, _cell, cpu_line, floor_line, phase_line
 
 
 def test_cpu_seconds_counts_this_process_working_and_a_gone_pid_reads_zero() -> None:
@@ -24,10 +24,10 @@ def test_cpu_seconds_counts_this_process_working_and_a_gone_pid_reads_zero() -> 
 
 
 def test_a_cell_takes_medians_of_rounds_and_names_every_process() -> None:
-    engine = [Round(1000.0, {"engine": us}) for us in (900.0, 1000.0, 1100.0)]
+    engine = [Round(1000.0, {"engine": us}, 0.6, 2.4) for us in (900.0, 1000.0, 1100.0)]
     stack = [
-        Round(tok_s, {"engine": 1200.0, "gateway": gw, "frontend": 80.0})
-        for tok_s, gw in ((700.0, 90.0), (800.0, 100.0), (600.0, 95.0))
+        Round(tok_s, {"engine": 1200.0, "gateway": gw, "frontend": 80.0}, first, 3.2)
+        for tok_s, gw, first in ((700.0, 90.0, 0.8), (800.0, 100.0, 0.7), (600.0, 95.0, 1.2))
     ]
     cell = _cell(1.0, 64, engine, stack)
     assert cell["ratio"] == pytest.approx(0.7)
@@ -38,6 +38,13 @@ def test_a_cell_takes_medians_of_rounds_and_names_every_process() -> None:
     )
     line = cpu_line(cell)
     assert "engine alone 1,000" in line and "gateway 95" in line and "frontend 80" in line
+    # Medians of each phase: first tokens 0.6 s against 0.8; after them 1.8 s against 2.4.
+    assert cell["phases_ms"]["engine"] == pytest.approx({"first_tokens": 600.0, "after": 1800.0})
+    assert cell["phases_ms"]["stack"] == pytest.approx({"first_tokens": 800.0, "after": 2400.0})
+    assert phase_line(cell) == (
+        "round (ms): until every first token engine 600, stack 800; "
+        "after it engine 1,800, stack 2,400 (the stack at 0.75x the engine's pace)"
+    )
     floor = {"client_read_us_per_message": 38.0, "server_write_us_per_message": 40.0}
     assert "(2.5x the read)" in floor_line(floor, [cell])
     assert "(2.0x the write)" in floor_line(floor, [cell])

@@ -30,6 +30,10 @@ def test_a_short_run_reports_the_ratio_and_each_process_cpu(
     # The engine process computes the tokens: it used the most CPU of all (the others'
     # few milliseconds here may round to a 10 ms /proc tick or to none).
     assert stack["engine"] > 0 and stack["engine"] == max(stack.values())
+    # Both sides had every first token before their 8th: each phase took time.
+    for side in ("engine", "stack"):
+        phases = cell["phases_ms"][side]
+        assert phases["first_tokens"] > 0 and phases["after"] > 0
     assert report["grpc_floor_us_per_message"]["client_read_us_per_message"] > 0
 
 
