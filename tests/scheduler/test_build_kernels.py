@@ -1,6 +1,7 @@
-"""``--build-kernels``: when the scheduler compiles its CPU kernels at start. The compiler
-step itself is faked here (the real build runs in ``kernel_model_dir``, conftest.py); what
-is under test is the decision around it and the flag that asks for it."""
+"""``--build-kernels``: when the scheduler compiles its CPU kernels at start. Builds here
+compile one-line sources, or fake the compiler where only its failure matters (the real
+kernels are built in ``kernel_model_dir``, conftest.py); what is under test is the decision
+around the build and the flag that asks for it."""
 
 from __future__ import annotations
 
