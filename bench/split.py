@@ -69,7 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
-    p.add_argument("--rounds", type=int, default=3, help="engine/stack pairs per cell")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="engine/stack pairs per cell (single rounds read 0.15 apart on two shared cores)",
+    )
     p.add_argument(
         "--warmup-rounds",
         type=int,
