@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rounds",
         type=int,
         default=5,
-        help="engine/stack pairs per cell (single rounds read 0.15 apart on two shared cores)",
+        help="engine/stack pairs per cell (single rounds read up to 0.3 apart on two shared cores)",
     )
     p.add_argument(
         "--warmup-rounds",
