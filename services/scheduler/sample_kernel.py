@@ -208,8 +208,8 @@ def build(model_dir: str | Path) -> Path:
             subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             for cmd in compiles
         ]
-        failed = [(proc, proc.communicate()[1]) for proc in running]
-        errors = [err for proc, err in failed if proc.returncode != 0]
+        finished = [(proc, proc.communicate()[1]) for proc in running]
+        errors = [err for proc, err in finished if proc.returncode != 0]
         if not errors:
             done = subprocess.run(link, capture_output=True, text=True, check=False)
             errors = [done.stderr] if done.returncode != 0 else []
