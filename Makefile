@@ -14,7 +14,7 @@ BUF := $(VENV)/bin/buf
 # `make proto-check` compares the working tree's protos with this branch.
 PROTO_AGAINST ?= main
 
-.PHONY: all setup proto model kernels run test lint fmt bench clean descriptor proto-check soak containers-test
+.PHONY: all setup proto model kernels run test lint fmt bench clean descriptor proto-check soak containers-test docs
 
 all: setup
 
@@ -74,6 +74,11 @@ soak: model
 # end to end (deploy/containers-test.sh; needs root, opt-in: not part of `make test`).
 containers-test: setup
 	deploy/containers-test.sh
+
+# docs/flags.md from every command's argparse parser (services/common/flags_doc.py); a unit
+# test fails when it is stale.
+docs: setup
+	$(PY) -m services.common.flags_doc --write
 
 lint: setup
 	$(VENV)/bin/ruff check services gateway tests bench

@@ -58,8 +58,12 @@ def create_parser() -> argparse.ArgumentParser:
         prog="python -m gateway",
         description="tokenline's OpenAI-compatible REST/SSE gateway in front of the gRPC frontend",
     )
-    p.add_argument("--host", default=env_default("TOKENLINE_HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=env_default("TOKENLINE_PORT", 8000, int))
+    p.add_argument(
+        "--host", default=env_default("TOKENLINE_HOST", "127.0.0.1"), help="address to bind"
+    )
+    p.add_argument(
+        "--port", type=int, default=env_default("TOKENLINE_PORT", 8000, int), help="HTTP port"
+    )
     p.add_argument(
         "--frontend-addr",
         default=env_default("TOKENLINE_FRONTEND_ADDR", "127.0.0.1:50051"),
@@ -88,6 +92,7 @@ def create_parser() -> argparse.ArgumentParser:
         "--drain-timeout",
         type=_non_negative_float,
         default=env_default("TOKENLINE_DRAIN_TIMEOUT", 30.0, _non_negative_float),
+        help="seconds in-flight requests may take to finish after SIGTERM",
     )
     p.add_argument(
         "--multiplex",

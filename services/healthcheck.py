@@ -24,7 +24,7 @@ def create_parser() -> argparse.ArgumentParser:
         default=READINESS_SERVICE,
         help='health service name ("" = liveness of the whole server)',
     )
-    p.add_argument("--timeout", type=float, default=2.0)
+    p.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the answer")
     add_tls_flags(p)
     return p
 

@@ -255,9 +255,13 @@ def create_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tokenline launch", description="run tokenline's four services as local processes"
     )
-    p.add_argument("--model", default=env_default("TOKENLINE_MODEL", "models/tokenline-tiny"))
+    p.add_argument(
+        "--model",
+        default=env_default("TOKENLINE_MODEL", "models/tokenline-tiny"),
+        help="Hugging Face model directory every service loads",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address every service binds to")
-    p.add_argument("--gateway-port", type=int, default=8000)
+    p.add_argument("--gateway-port", type=int, default=8000, help="the gateway's HTTP port")
     p.add_argument(
         "--metrics-ports",
         type=_metrics_ports,

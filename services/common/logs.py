@@ -19,7 +19,11 @@ _JSON_FIELDS = {"asctime": "time", "levelname": "level", "name": "logger"}
 
 def add_logging_args(p: argparse.ArgumentParser, default_level: str = "INFO") -> None:
     """``--log-level`` and ``--log-json``, the same in every service."""
-    p.add_argument("--log-level", default=env_default("TOKENLINE_LOG_LEVEL", default_level))
+    p.add_argument(
+        "--log-level",
+        default=env_default("TOKENLINE_LOG_LEVEL", default_level),
+        help="logging level name (DEBUG, INFO, WARNING, ...)",
+    )
     p.add_argument(
         "--log-json",
         action=argparse.BooleanOptionalAction,

@@ -19,9 +19,20 @@ def service_parser(
 ) -> argparse.ArgumentParser:
     """A parser with the shared flags; the service adds its own."""
     p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("--model", default=env_default("TOKENLINE_MODEL", "models/tokenline-tiny"))
-    p.add_argument("--host", default=env_default("TOKENLINE_HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=env_default("TOKENLINE_PORT", default_port, int))
+    p.add_argument(
+        "--model",
+        default=env_default("TOKENLINE_MODEL", "models/tokenline-tiny"),
+        help="Hugging Face model directory (config.json, safetensors, tokenizer)",
+    )
+    p.add_argument(
+        "--host", default=env_default("TOKENLINE_HOST", "127.0.0.1"), help="address to bind"
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=env_default("TOKENLINE_PORT", default_port, int),
+        help="gRPC port",
+    )
     p.add_argument(
         "--metrics-port",
         type=int,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 from tokenline.v1 import detokenizer_pb2, detokenizer_pb2_grpc
@@ -32,6 +33,12 @@ class DetokenizerConfig:
 
 
 def parse_args(argv: list[str] | None = None) -> DetokenizerConfig:
+    args, tls = parse_service_args(create_parser(), argv)
+    return DetokenizerConfig(**args, tls=tls)
+
+
+def create_parser() -> argparse.ArgumentParser:
+    """The detokenizer's flags, built without parsing (the flags reference reads it too)."""
     p = service_parser("tokenline-detokenizer", __doc__, default_port=50053)
     p.add_argument(
         "--max-decode-states",
@@ -39,8 +46,7 @@ def parse_args(argv: list[str] | None = None) -> DetokenizerConfig:
         default=65536,
         help="live DecodeStatus entries; a new request past this is refused (never evicted)",
     )
-    args, tls = parse_service_args(p, argv)
-    return DetokenizerConfig(**args, tls=tls)
+    return p
 
 
 async def serve(config: DetokenizerConfig) -> None:

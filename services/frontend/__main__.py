@@ -93,11 +93,17 @@ def _choice(names: Mapping[str, object]) -> Callable[[str], str]:
     return parse
 
 
-def parse_args(argv: list[str] | None = None) -> FrontendConfig:
+def create_parser() -> argparse.ArgumentParser:
+    """The frontend's flags, built without parsing (the flags reference reads it too)."""
     p = service_parser("tokenline-frontend", __doc__, default_port=50051)
     _add_routing_flags(p)
     _add_request_flags(p)
     _add_output_flags(p)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> FrontendConfig:
+    p = create_parser()
     args, tls = parse_service_args(p, argv)
     if isinstance(args["scheduler_addrs"], str):
         args["scheduler_addrs"] = _addr_list(args["scheduler_addrs"])
@@ -119,9 +125,13 @@ def _add_routing_flags(p: argparse.ArgumentParser) -> None:
         "--scheduler-addrs",
         type=_addr_list,
         default=env_default("TOKENLINE_SCHEDULER_ADDRS", ("127.0.0.1:50052",), _addr_list),
+        metavar="A,B",
+        help="scheduler gRPC addresses; each request goes to the least-loaded leased one",
     )
     p.add_argument(
-        "--detokenizer-addr", default=env_default("TOKENLINE_DETOKENIZER_ADDR", "127.0.0.1:50053")
+        "--detokenizer-addr",
+        default=env_default("TOKENLINE_DETOKENIZER_ADDR", "127.0.0.1:50053"),
+        help="detokenizer gRPC address host:port, whose text this frontend subscribes to",
     )
     p.add_argument(
         "--max-concurrent-rpcs",

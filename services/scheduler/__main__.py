@@ -28,9 +28,17 @@ SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].ful
 
 
 def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
+    args, tls = parse_service_args(create_parser(), argv)
+    return SchedulerProcessConfig(**args, tls=tls)
+
+
+def create_parser() -> argparse.ArgumentParser:
+    """The scheduler's flags, built without parsing (the flags reference reads it too)."""
     p = service_parser("tokenline-scheduler", __doc__, default_port=50052)
     p.add_argument(
-        "--detokenizer-addr", default=env_default("TOKENLINE_DETOKENIZER_ADDR", "127.0.0.1:50053")
+        "--detokenizer-addr",
+        default=env_default("TOKENLINE_DETOKENIZER_ADDR", "127.0.0.1:50053"),
+        help="detokenizer gRPC address host:port, where each step's token rows go",
     )
     p.add_argument(
         "--dtype",
@@ -39,14 +47,21 @@ def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
         help="auto: the checkpoint's dtype where the hardware computes it natively "
         "(bf16 on CPU needs AVX512_BF16 or AMX), else float32 on CPU, float16 on CUDA",
     )
-    p.add_argument("--device", default=env_default("TOKENLINE_DEVICE", "cpu"))
+    p.add_argument(
+        "--device", default=env_default("TOKENLINE_DEVICE", "cpu"), help="torch device: cpu or cuda"
+    )
     p.add_argument(
         "--engine",
         choices=["process", "thread"],
         default=env_default("TOKENLINE_ENGINE", "process"),
         help="run the engine in its own process (default), or on a thread of this one",
     )
-    p.add_argument("--attention-backend", choices=["torch", "flash_attn"], default="torch")
+    p.add_argument(
+        "--attention-backend",
+        choices=["torch", "flash_attn"],
+        default="torch",
+        help="torch: SDPA (CPU and GPU); flash_attn: vllm-flash-attn or flash-attn (GPU only)",
+    )
     p.add_argument(
         "--kv-cache-tokens",
         type=int,
@@ -73,14 +88,21 @@ def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
         help="do not share KV of common prefixes across requests (radix cache off)",
     )
     _add_batching_flags(p)
-    args, tls = parse_service_args(p, argv)
-    return SchedulerProcessConfig(**args, tls=tls)
+    return p
 
 
 def _add_batching_flags(p: argparse.ArgumentParser) -> None:
     """How many requests and tokens a step takes, and how often rows go out."""
-    p.add_argument("--max-running-requests", type=int, default=64)
-    p.add_argument("--max-waiting-requests", type=int, default=4096)
+    p.add_argument(
+        "--max-running-requests", type=int, default=64, help="requests in the running batch"
+    )
+    p.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=4096,
+        help="requests held (running and waiting); past it a new one is refused at once "
+        "(RESOURCE_EXHAUSTED, HTTP 429)",
+    )
     p.add_argument(
         "--max-num-batched-tokens",
         type=int,
