@@ -1,6 +1,6 @@
 """Metric names read two ways: what the services' metric classes register, and what the
-Grafana dashboard queries. Shared by the dashboard, README and live-stack tests, so
-none of them keeps a hand-copied list."""
+Grafana dashboard queries. Shared by the dashboard, docs/observability.md and live-stack
+tests, so none of them keeps a hand-copied list."""
 
 from __future__ import annotations
 
