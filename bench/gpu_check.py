@@ -13,7 +13,7 @@
 
 Writes ``bench/results/gpu_check.json`` (or ``--out``). Without CUDA it says so and exits 2:
 there is nothing to check. ``--device cpu`` runs the same code on the CPU alone, which is
-how the test suite keeps it working between GPU loans. The README's "On a GPU" says how to
+how the test suite keeps it working between GPU loans. docs/benchmarks.md, "On a GPU", says how to
 run it on a lent machine.
 """
 
@@ -169,7 +169,7 @@ def overlap(args: argparse.Namespace) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("no CUDA device here: nothing to check (run it on a GPU machine; see the README)")
+        print("no CUDA device here: nothing to check (run it on a GPU; see docs/benchmarks.md)")
         return 2
     machine = machine_info()
     gpu = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else None

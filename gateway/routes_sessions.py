@@ -1,7 +1,7 @@
 """SGLang's sessions: /open_session and /close_session, one frontend RPC each.
 
 /open_session answers the session id as a bare JSON string, as SGLang does; requests
-then name it in /generate's ``session_params`` (README, native API). The frontend
+then name it in /generate's ``session_params`` (docs/api.md, "Sessions"). The frontend
 routes a session to the scheduler replica that holds it; the gateway only shapes JSON.
 """
 

@@ -114,14 +114,14 @@ class SharedRequestBody(SamplingFieldsBody):
     stream: bool = False
     stream_options: StreamOptionsBody | None = None
     user: str | None = None
-    # Structured output: at most one of these (see the README's table).
+    # Structured output: at most one of these (docs/structured-output.md has the table).
     response_format: ResponseFormatBody | None = None
     structured_outputs: StructuredOutputsBody | None = None
     guided_json: str | dict[str, Any] | None = Field(None, description="vLLM: a JSON Schema")
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = Field(None, description="vLLM: EBNF")
-    # vLLM's extras (the README's vLLM table).
+    # vLLM's extras (docs/api.md, "vLLM's request semantics").
     include_stop_str_in_output: bool | None = Field(
         None, description="vLLM's name for no_stop_trim: keep the matched stop in the text"
     )

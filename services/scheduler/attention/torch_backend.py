@@ -8,7 +8,7 @@ them together would waste work quadratic in the longest chunk.
 On CPU, when the engine's compiled kernels are loaded (``sample_kernel.py``), decode
 tokens go to ``torch.ops.tokenline.decode_attention`` instead, which reads each request's
 keys and values in place in the pool, without the padded gather and its float32 copy
-(README, "Scheduler engine", has what it measured).
+(docs/benchmarks.md, "Decode attention on CPU", has what it measured).
 """
 
 from __future__ import annotations
