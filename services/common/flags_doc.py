@@ -69,7 +69,7 @@ Every command's flags, with their defaults and the `TOKENLINE_*` environment var
 one falls back to (`services/common/envs.py` declares them all; a flag given on the command
 line wins; a bad value stops the process at start, naming the variable). The defaults are
 the code's, with no variable set. `python -m <module> --help` prints the same. The one
-image's `tokenline <command>` runs each of these (`deployment.md`).
+image's `tokenline <command>` runs each of these ([deployment.md](deployment.md)).
 """
 
 

@@ -43,8 +43,13 @@ def test_environment_column_names_only_real_fallbacks() -> None:
 
 
 def test_check_fails_on_a_stale_file(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    current = flags_doc.FLAGS_MD.read_text()  # what render() gives: the first test says so
     stale = tmp_path / "flags.md"
-    stale.write_text(flags_doc.render().replace("`50052`", "`50099`"))
+    stale.write_text(current.replace("`50052`", "`50099`"))
+    monkeypatch.setattr(flags_doc, "render", lambda: current)
     monkeypatch.setattr(flags_doc, "FLAGS_MD", stale)
     monkeypatch.setattr(flags_doc, "ROOT", tmp_path)
     assert flags_doc.main(["--check"]) == 1
+    assert flags_doc.main(["--write"]) == 0
+    assert flags_doc.main(["--check"]) == 0
+    assert stale.read_text() == current
