@@ -9,6 +9,7 @@ kernel built: invariant 8 of DESIGN.md (proven path, or a one-line refusal).
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,3 +129,22 @@ def _checkpoint_dtype(raw: dict[str, Any]) -> torch.dtype:
             f"unsupported checkpoint dtype {name!r}; supported: {', '.join(DTYPES)}"
         )
     return DTYPES[name]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m services.scheduler.model.model_impl --model DIR [--model-impl X]``: the
+    path that would serve DIR, or its one-line refusal (``make model`` runs this before
+    it compiles kernels)."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--model-impl", default="auto")
+    args = parser.parse_args(argv)
+    try:
+        impl = resolve_model_impl(args.model, args.model_impl)
+    except UnsupportedModelError as exc:
+        raise SystemExit(f"{args.model}: {exc}") from None
+    print(f"{args.model}: {impl.architecture} served by the {impl.path} path")
+
+
+if __name__ == "__main__":
+    main()
