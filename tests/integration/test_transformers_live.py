@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
@@ -21,8 +22,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from services.launch import LocalStack
-from tests.live_stack import running_stack
+from services.launch import LocalStack, StackPorts
+from tests.live_stack import dump_logs
 from tests.scheduler.test_model_parity import hf_greedy
 from tests.scheduler.test_transformers_parity import assert_same_until_near_tie
 from tests.tiny_checkpoints import ARCHITECTURES, build_checkpoint
@@ -32,41 +33,80 @@ pytestmark = pytest.mark.live
 NEW_TOKENS = 8
 LOGPROB_ATOL = 1e-3
 PROMPTS = [[0, *range(1000, 1003)], [0, *range(5000, 5040, 2)], [0, *range(20000, 20011)]]
+START_TIMEOUT_S = 240.0
 WITH_CHAT_TEMPLATE_FLAG = "cohere"  # the others run without one, so chat is refused
 
 
-@pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> dict:
+    """Each architecture's tiny checkpoint, its tokenizer without a chat template."""
+    return {
+        arch: build_checkpoint(
+            arch, tmp_path_factory.mktemp(f"tiny-{arch}"), default_model_dir, chat_template=False
+        )
+        for arch in ARCHITECTURES
+    }
+
+
+@pytest.fixture(scope="module")
+def stacks(
+    checkpoints: dict[str, Path],
+    default_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Iterator[dict[str, LocalStack]]:
+    """One stack per architecture, started side by side: a start is mostly imports and
+    model loading, which the three can overlap."""
+    template = ["--chat-template", str(default_model_dir / "chat_template.jinja")]
+    live = {
+        arch: LocalStack(
+            str(checkpoint),
+            StackPorts.free(),
+            scheduler_args=["--dtype", "float32", "--model-impl", "transformers"]
+            + ["--kv-cache-tokens", "4096", "--num-threads", "1"],
+            frontend_args=template if arch == WITH_CHAT_TEMPLATE_FLAG else [],
+            log_dir=tmp_path_factory.mktemp(f"stack-{arch}"),
+        )
+        for arch, checkpoint in checkpoints.items()
+    }
+    failed_before = request.session.testsfailed
+    try:
+        with ThreadPoolExecutor(len(live)) as pool:
+            # Three starts share the cores: each gets the time the suite gives one alone,
+            # twice over.
+            list(pool.map(lambda one: one.start(timeout=START_TIMEOUT_S), live.values()))
+        yield live
+    finally:
+        for one in live.values():
+            one.stop()
+        if request.session.testsfailed > failed_before or sys.exc_info()[0] is not None:
+            for one in live.values():
+                assert one.log_dir is not None
+                dump_logs(one.log_dir)
+
+
+@pytest.fixture(params=sorted(ARCHITECTURES))
 def arch(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(arch: str, tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path):
-    out = tmp_path_factory.mktemp(f"tiny-{arch}")
-    return build_checkpoint(arch, out, default_model_dir, chat_template=False)
+@pytest.fixture
+def client(stacks: dict[str, LocalStack], arch: str) -> openai.OpenAI:
+    url = stacks[arch].base_url
+    return openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
 
 
-@pytest.fixture(scope="module")
-def stack(
-    arch: str,
-    checkpoint: Path,
-    default_model_dir: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-    request: pytest.FixtureRequest,
-) -> Iterator[LocalStack]:
-    scheduler = ["--dtype", "float32", "--model-impl", "transformers"]
-    scheduler += ["--kv-cache-tokens", "4096", "--num-threads", "1"]
-    frontend = []
-    if arch == WITH_CHAT_TEMPLATE_FLAG:
-        frontend = ["--chat-template", str(default_model_dir / "chat_template.jinja")]
-    log_dir = tmp_path_factory.mktemp(f"stack-{arch}")
-    with running_stack(
-        checkpoint, log_dir, request, scheduler_args=scheduler, frontend_args=frontend
-    ) as live:
-        yield live
+@pytest.fixture
+def model_id(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
+def checkpoint(checkpoints: dict[str, Path], arch: str) -> Path:
+    return checkpoints[arch]
+
+
+@pytest.fixture
 def hf_model(checkpoint: Path) -> PreTrainedModel:
     return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
 
@@ -120,9 +160,9 @@ def test_chat_needs_a_template_and_the_flag_gives_one(
     assert reply.usage.prompt_tokens > len("Hello there.".split())
 
 
-def test_native_path_refuses_in_one_line(checkpoint: Path) -> None:
+def test_native_path_refuses_in_one_line(checkpoints: dict[str, Path]) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "services.scheduler", "--model", str(checkpoint)]
+        [sys.executable, "-m", "services.scheduler", "--model", str(checkpoints["olmo2"])]
         + ["--model-impl", "native", "--port", "0"],
         capture_output=True,
         text=True,
