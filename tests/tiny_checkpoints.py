@@ -48,7 +48,12 @@ _GAINS = {"q_proj": 3.0, "k_proj": 3.0, "o_proj": 2.0, "down_proj": 2.0, "lm_hea
 
 
 def build_checkpoint(
-    model_type: str, out_dir: Path, tokenizer_dir: Path, *, seed: int = 0, chat_template: bool = True
+    model_type: str,
+    out_dir: Path,
+    tokenizer_dir: Path,
+    *,
+    seed: int = 0,
+    chat_template: bool = True,
 ) -> Path:
     """Write a float32 ``model_type`` checkpoint and the tokenizer of ``tokenizer_dir``
     (without its chat template unless ``chat_template``) into ``out_dir``."""

@@ -156,8 +156,9 @@ def test_chat_needs_a_template_and_the_flag_gives_one(
     )
     assert reply.choices[0].message.role == "assistant"
     assert reply.usage.completion_tokens == 3 or reply.choices[0].finish_reason == "stop"
-    # The rendered template (BOS, the user turn) is what the prompt holds.
-    assert reply.usage.prompt_tokens > len("Hello there.".split())
+    # The prompt is the rendered template (BOS, role markers), not the bare text.
+    bare = client.completions.create(model=model_id, prompt="Hello there.", max_tokens=1)
+    assert reply.usage.prompt_tokens > bare.usage.prompt_tokens
 
 
 def test_native_path_refuses_in_one_line(checkpoints: dict[str, Path]) -> None:

@@ -47,7 +47,9 @@ SHARER = ("sys-b", SYSTEM + "Name a prime number.")  # arrives later: a radix-ca
 
 @pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
 def checkpoint(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    default_model_dir: Path,
 ) -> Path:
     out = tmp_path_factory.mktemp(f"tiny-{request.param}")
     return build_checkpoint(request.param, out, default_model_dir)

@@ -13,11 +13,11 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import transformers
-from transformers import AutoConfig, PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from services.scheduler.model.config import SUPPORTED_ARCHITECTURES
@@ -88,15 +88,19 @@ def transformers_refusal(model_dir: Path, architectures: list[str]) -> str | Non
         return f"transformers {transformers.__version__} cannot read its config ({first})"
     if getattr(hf_config, "is_encoder_decoder", False):
         return "an encoder-decoder model, not decoder-only"
-    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(hf_config), None)
+    found = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(hf_config), None)
+    model_class = cast("type[PreTrainedModel] | None", found)
     if model_class is None:
         return f"AutoModelForCausalLM has no class for model_type {hf_config.model_type!r}"
     if model_class.__name__ not in architectures:
-        return f"not a causal LM checkpoint (AutoModelForCausalLM would build {model_class.__name__})"
+        return (
+            f"not a causal LM checkpoint (AutoModelForCausalLM would build {model_class.__name__})"
+        )
     if hf_config.get_text_config() is not hf_config:
         return "a multimodal checkpoint (only text-only causal LMs run through transformers)"
     if not model_class.is_backend_compatible():
-        return f"{model_class.__name__} does not route attention through transformers' attention interface"
+        name = model_class.__name__
+        return f"{name} does not route attention through transformers' attention interface"
     return _attention_refusal(hf_config)
 
 

@@ -29,7 +29,13 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from torch import nn
-from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers import (
+    AttentionInterface,
+    AutoConfig,
+    AutoModelForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from services.common.eos import eos_id_union
@@ -98,7 +104,7 @@ class TransformersCausalLM(nn.Module):
     """A transformers CausalLM behind the interface ``ModelRunner`` calls."""
 
     def __init__(
-        self, causal_lm: nn.Module, config: ModelConfig, attn_backend: AttentionBackend
+        self, causal_lm: PreTrainedModel, config: ModelConfig, attn_backend: AttentionBackend
     ) -> None:
         super().__init__()
         self.config = config
@@ -170,7 +176,7 @@ def _parameters_on_meta() -> Iterator[None]:
             meta = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
             module._parameters[name] = meta
 
-    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
@@ -179,7 +185,7 @@ def _parameters_on_meta() -> Iterator[None]:
 
 @torch.no_grad()
 def _load_weights(
-    causal_lm: nn.Module, files: list[Path], dtype: torch.dtype, device: torch.device
+    causal_lm: PreTrainedModel, files: list[Path], dtype: torch.dtype, device: torch.device
 ) -> None:
     """Every checkpoint tensor into its parameter and every parameter filled, or an error
     naming the first few that are not: a half-loaded model would serve plausible garbage."""
