@@ -82,7 +82,7 @@ def tokenline_attention(
         if kwargs.get(unsupported) is not None:
             raise NotImplementedError(f"tokenline attention does not compute {unsupported}")
     out = step.backend.forward(
-        query[0].transpose(0, 1),
+        query[0].transpose(0, 1).contiguous(),
         key[0].transpose(0, 1).contiguous(),
         value[0].transpose(0, 1).contiguous(),
         layer=int(module.layer_idx),  # type: ignore[arg-type]
