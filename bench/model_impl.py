@@ -9,6 +9,7 @@ paths, alternating which runs first; prints the median milliseconds and the rati
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     cases.update({f"decode C={c}": decode_plan(c, args.prompt_len) for c in args.concurrency})
     print(describe(machine_info()), f"torch threads {args.num_threads}")
     for name, plan in cases.items():
-        steps = {path: (lambda r=runners[path]: r.run(plan)) for path in PATHS}
+        steps = {path: functools.partial(runners[path].run, plan) for path in PATHS}
         ms = median_ms(steps, args.repeats)
         ratio = ms["transformers"] / ms["native"]
         print(
