@@ -111,12 +111,21 @@ def hf_model(checkpoint: Path) -> PreTrainedModel:
     return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
 
 
-def test_models_reports_architecture_and_path(client: openai.OpenAI, checkpoint: Path) -> None:
+def test_models_and_get_info_report_architecture_and_path(
+    client: openai.OpenAI, checkpoint: Path, stacks: dict[str, LocalStack], arch: str
+) -> None:
+    saved = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
+    scheduler = stacks[arch].scheduler_info()
+    assert (scheduler.architecture, scheduler.model_impl) == (
+        saved["architectures"][0],
+        "transformers",
+    )
     (model,) = client.models.list().data
     extra = model.model_extra or {}
-    assert extra["model_impl"] == "transformers"
-    saved = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
-    assert extra["architecture"] == saved["architectures"][0]
+    assert (extra["architecture"], extra["model_impl"]) == (
+        scheduler.architecture,
+        scheduler.model_impl,
+    )
 
 
 def test_greedy_batch_and_prompt_logprobs_match_hf(
