@@ -77,8 +77,8 @@ def stacks(
             list(pool.map(lambda one: one.start(timeout=START_TIMEOUT_S), live.values()))
         yield live
     finally:
-        for one in live.values():
-            one.stop()
+        with ThreadPoolExecutor(len(live)) as pool:
+            list(pool.map(LocalStack.stop, live.values()))
         if request.session.testsfailed > failed_before or sys.exc_info()[0] is not None:
             for one in live.values():
                 assert one.log_dir is not None
