@@ -44,10 +44,12 @@ from services.scheduler.attention.base import AttentionBackend, AttentionMetadat
 from services.scheduler.forward_batch import ForwardBatch
 from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.config import ModelConfig, RopeScaling
+from services.scheduler.model.model_impl import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
 
 ATTENTION_NAME = "tokenline"
+_UNHONOURED_PARAMETERS = {"sinks": "attention sinks"}
 _STEP_KWARG = "tokenline_step"
 
 
@@ -149,6 +151,7 @@ def load_transformers_model(
         causal_lm = AutoModelForCausalLM.from_config(
             hf_config, dtype=dtype, attn_implementation=ATTENTION_NAME
         )
+    refuse_unhonoured_parameters(causal_lm)
     _load_weights(causal_lm, files, dtype, device)
     causal_lm.to(device).eval()
     config = _model_config(hf_config, model_dir, dtype)
@@ -161,6 +164,18 @@ def load_transformers_model(
         device,
     )
     return TransformersCausalLM(causal_lm, config, backend).eval(), config
+
+
+def refuse_unhonoured_parameters(causal_lm: PreTrainedModel) -> None:
+    """Attention weights the backends have no input for (gpt-oss's per-head sinks) show only
+    in the built modules, not the config: refused here, before any weight is read."""
+    for name, _ in causal_lm.named_parameters():
+        feature = _UNHONOURED_PARAMETERS.get(name.rsplit(".", 1)[-1])
+        if feature is not None:
+            raise UnsupportedModelError(
+                f"unsupported architectures {causal_lm.config.architectures}: it needs "
+                f"{feature} ({name}), which tokenline's attention does not compute"
+            )
 
 
 @contextmanager

@@ -7,10 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoConfig
 
 from services.scheduler.model.loader import load_model
 from services.scheduler.model.model_impl import UnsupportedModelError, resolve_model_impl
+from services.scheduler.model.transformers_model import load_transformers_model
 
 
 def config_only(tmp_path: Path, model_type: str, architecture: str, **fields: object) -> Path:
@@ -68,3 +70,17 @@ def test_model_type_unknown_to_transformers_is_refused(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
     assert "cannot read its config" in refusal(tmp_path)
     assert "unknown --model-impl" in refusal(tmp_path, "fast")
+
+
+def test_attention_sinks_are_refused_before_weights_are_read(tmp_path: Path) -> None:
+    """gpt-oss's sinks are a parameter, not a config field: the built (meta) model shows
+    them, and the loader refuses before it opens a weight file."""
+    shape = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+    shape |= {"num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64}
+    model_dir = config_only(
+        tmp_path, "gpt_oss", "GptOssForCausalLM", vocab_size=1000, num_local_experts=4, **shape
+    )
+    assert resolve_model_impl(model_dir).path == "transformers"  # config.json passes
+    with pytest.raises(UnsupportedModelError, match="attention sinks") as info:
+        load_transformers_model(model_dir, [], torch.float32, torch.device("cpu"))
+    assert "\n" not in str(info.value)
