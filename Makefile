@@ -6,6 +6,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODEL_DIR ?= models/tokenline-tiny
+# Which model code serves MODEL_DIR: auto (native where it exists), native or transformers.
+MODEL_IMPL ?= $(or $(TOKENLINE_MODEL_IMPL),auto)
 PROTOS := $(wildcard proto/tokenline/v1/*.proto)
 STUBS := proto/tokenline/v1/frontend_pb2.py
 PYTEST_ARGS ?=
@@ -14,7 +16,7 @@ BUF := $(VENV)/bin/buf
 # `make proto-check` compares the working tree's protos with this branch.
 PROTO_AGAINST ?= main
 
-.PHONY: all setup proto model kernels run test lint fmt bench clean descriptor proto-check soak containers-test docs
+.PHONY: all setup proto model check-model kernels run test lint fmt bench clean descriptor proto-check soak containers-test docs
 
 all: setup
 
@@ -49,17 +51,21 @@ proto-check: $(STAMP)
 $(MODEL_DIR)/config.json: | $(STAMP)
 	$(PY) -m services.common.default_model --out $(MODEL_DIR)
 
+# A checkpoint no model path can run is refused here, in one line, before any build.
+check-model: $(MODEL_DIR)/config.json
+	@$(PY) -m services.scheduler.model.model_impl --model $(MODEL_DIR) --model-impl $(MODEL_IMPL)
+
 # The engine's compiled kernels for this machine, the sampler's and decode attention's
 # (sample_kernel.py): built once, kept while torch, the CPU and the sources are unchanged;
 # where they cannot be built (no C++ compiler) the engine keeps its eager paths, so a
 # failure here stops nothing.
-kernels: $(MODEL_DIR)/config.json
+kernels: check-model
 	-$(PY) -m services.scheduler.sample_kernel --model $(MODEL_DIR)
 
 model: setup $(MODEL_DIR)/config.json kernels
 
 run: model
-	$(PY) -m services.launch --model $(MODEL_DIR)
+	TOKENLINE_MODEL_IMPL=$(MODEL_IMPL) $(PY) -m services.launch --model $(MODEL_DIR)
 
 test: model
 	$(PY) -m pytest $(PYTEST_ARGS)

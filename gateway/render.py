@@ -312,6 +312,9 @@ def _model(model: openai_pb2.Model) -> out.Model:
         fields["max_model_len"] = model.max_model_len
     if model.dtype:
         fields["dtype"] = model.dtype
+    if model.model_impl:  # reported together with the architecture
+        fields["architecture"] = model.architecture
+        fields["model_impl"] = model.model_impl
     return out.Model(
         id=model.id,
         object="model",

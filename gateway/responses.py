@@ -260,6 +260,14 @@ class Model(JsonBody):
         description="what the schedulers run the model in, e.g. bfloat16 "
         "(comma-joined when replicas differ)",
     )
+    architecture: str | None = Field(
+        None, description="the checkpoint's class, e.g. Olmo2ForCausalLM"
+    )
+    model_impl: str | None = Field(
+        None,
+        description="the path serving it: native (tokenline's model code) or transformers "
+        "(the architecture's transformers code with tokenline's attention)",
+    )
 
 
 class ModelList(JsonBody):
@@ -349,6 +357,8 @@ class ModelInfoResponse(JsonBody):
     dtype: str = Field(description="as the schedulers report it (empty before any lease)")
     max_model_len: int = Field(description="prompt plus output, as the schedulers enforce it")
     vocab_size: int
+    architecture: str = Field("", description="the checkpoint's class, as the schedulers report")
+    model_impl: str = Field("", description="the path serving it: native or transformers")
 
 
 class ServiceInfo(JsonBody):

@@ -61,6 +61,8 @@ def _model_info(info: frontend_pb2.ModelInfo) -> out.ModelInfoResponse:
         dtype=info.dtype,
         max_model_len=info.max_model_len,
         vocab_size=info.vocab_size,
+        architecture=info.architecture,
+        model_impl=info.model_impl,
     )
 
 

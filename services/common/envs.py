@@ -34,6 +34,11 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar("TOKENLINE_DEVICE", "torch device: cpu or cuda"),
         EnvVar("TOKENLINE_ENGINE", "scheduler engine: process (its own) or thread"),
         EnvVar(
+            "TOKENLINE_MODEL_IMPL",
+            "scheduler: model code, auto (native where it exists), native or transformers",
+        ),
+        EnvVar("TOKENLINE_CHAT_TEMPLATE", "frontend: a Jinja chat template file to use"),
+        EnvVar(
             "TOKENLINE_BUILD_KERNELS",
             "scheduler: 1 to compile the CPU kernels at start when none fit this machine",
         ),

@@ -23,7 +23,7 @@ from services.common.service_flags import parse_service_args, run_service, servi
 from services.common.tls import TlsSettings
 from services.common.tokenizer import load_tokenizer
 from services.frontend.batch_tokenizer import DynamicBatchTokenizer
-from services.frontend.chat_template import ChatTemplate, ChatTokenization
+from services.frontend.chat_template import ChatTokenization, create_chat_template
 from services.frontend.generation_config import (
     GENERATION_CONFIG_AUTO,
     GenerationDefaults,
@@ -64,6 +64,7 @@ class FrontendConfig:
     tokenizer_batch_window_ms: float
     tokenizer_max_batch_size: int
     chat_tokenization: ChatTokenization
+    chat_template: str  # a Jinja file used instead of the tokenizer's ("" = the tokenizer's)
     tool_call_parser: str
     reasoning_parser: str
     max_concurrent_rpcs: int
@@ -203,6 +204,13 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
         help="encode the rendered chat text, or tokenize inside apply_chat_template "
         "(auto: the latter only when the text round trip would lose control tokens)",
     )
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        default=env_default("TOKENLINE_CHAT_TEMPLATE", ""),
+        help="a Jinja chat template used instead of the tokenizer's, e.g. for a model "
+        "whose tokenizer has none (without one, chat is refused: use completions)",
+    )
 
 
 def _add_output_flags(p: argparse.ArgumentParser) -> None:
@@ -270,11 +278,7 @@ def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> 
         on_batch=metrics.observe_batch,
     )
     metrics.track(lambda: len(manager.table), lambda: manager.num_aborts_sent)
-    template = (
-        ChatTemplate(tokenizer, config.chat_tokenization)
-        if getattr(tokenizer, "chat_template", None)
-        else None
-    )
+    template = create_chat_template(tokenizer, config.chat_template, config.chat_tokenization)
     return ServingContext(
         tokenizer=tokenizer,
         batcher=batcher,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import jinja2
@@ -80,6 +81,22 @@ class ChatTemplate:
         except (ValueError, TypeError, KeyError, IndexError, jinja2.TemplateError) as exc:
             # A template's raise_exception() is how it says the conversation is invalid.
             raise InvalidArgumentError(f"chat template: {exc}", field="messages") from exc
+
+
+def create_chat_template(
+    tokenizer: PreTrainedTokenizerBase, template_file: str, tokenization: ChatTokenization
+) -> ChatTemplate | None:
+    """The tokenizer's chat template, or ``template_file``'s in its place (vLLM's
+    ``--chat-template``); None when there is neither, and chat is refused."""
+    if template_file:
+        path = Path(template_file)
+        if not path.is_file():
+            raise SystemExit(f"--chat-template {template_file}: no such file")
+        tokenizer.chat_template = path.read_text(encoding="utf-8")
+        logger.info("chat template from %s", path)
+    if getattr(tokenizer, "chat_template", None) is None:
+        return None
+    return ChatTemplate(tokenizer, tokenization)
 
 
 def detect_content_format(tokenizer: PreTrainedTokenizerBase) -> ContentFormat:

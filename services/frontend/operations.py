@@ -79,6 +79,8 @@ class Operations:
             served_model_name=self.ctx.model_name,
             is_generation=True,
             dtype=self.manager.router.served_dtype(),
+            architecture=self.manager.router.served_architecture(),
+            model_impl=self.manager.router.served_model_impl(),
             max_model_len=self.ctx.current_limits().context_length,
             vocab_size=self.ctx.limits.vocab_size,
         )

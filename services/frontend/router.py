@@ -54,6 +54,7 @@ class SchedulerRouter:
         self._num_accepted = dict.fromkeys(stubs, 0)  # on this lease, from the last beat
         self._down_until = dict.fromkeys(stubs, 0.0)
         self._dtypes: dict[str, str] = {}  # per replica, from its last beat
+        self._model_paths: dict[str, tuple[str, str]] = {}  # (architecture, model_impl)
         self._context_lengths: dict[str, int] = {}  # per replica, as it enforces it
         self._turn = 0
         self._tasks: list[asyncio.Task] = []
@@ -117,6 +118,14 @@ class SchedulerRouter:
         lease has beaten yet)."""
         return ",".join(sorted(set(self._dtypes.values())))
 
+    def served_architecture(self) -> str:
+        """The checkpoint class the replicas reported, as ``served_dtype`` joins them."""
+        return ",".join(sorted({arch for arch, _ in self._model_paths.values()}))
+
+    def served_model_impl(self) -> str:
+        """The path serving it (native, transformers), as ``served_dtype`` joins them."""
+        return ",".join(sorted({impl for _, impl in self._model_paths.values()}))
+
     async def _hold_lease(self, addr: str) -> None:
         """Keep a lease on ``addr`` for as long as the router runs."""
         backoff = 0.05
@@ -158,6 +167,8 @@ class SchedulerRouter:
         self._num_accepted[addr] = beat.num_accepted
         if beat.info.dtype:
             self._dtypes[addr] = beat.info.dtype
+        if beat.info.model_impl:
+            self._model_paths[addr] = (beat.info.architecture, beat.info.model_impl)
         self._context_lengths[addr] = beat.info.context_length
 
     def _lease_lost(self, addr: str, why: str) -> None:

@@ -140,6 +140,8 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
             owned_by="tokenline",
             max_model_len=self.ctx.current_limits().context_length,
             dtype=self.ctx.manager.router.served_dtype(),
+            architecture=self.ctx.manager.router.served_architecture(),
+            model_impl=self.ctx.manager.router.served_model_impl(),
         )
         return openai_pb2.ModelList(object="list", data=[model])
 

@@ -20,6 +20,12 @@ from services.scheduler.engine_process import EngineLaunch
 from services.scheduler.engine_thread import EngineThread
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.model.dtype import AUTO, DTYPES
+from services.scheduler.model.model_impl import (
+    MODEL_IMPLS,
+    ModelImpl,
+    UnsupportedModelError,
+    resolve_model_impl,
+)
 from services.scheduler.server import SchedulerServicer
 from services.scheduler.stats import SchedulerStats
 
@@ -61,6 +67,14 @@ def create_parser() -> argparse.ArgumentParser:
         choices=["torch", "flash_attn"],
         default="torch",
         help="torch: SDPA (CPU and GPU); flash_attn: vllm-flash-attn or flash-attn (GPU only)",
+    )
+    p.add_argument(
+        "--model-impl",
+        choices=MODEL_IMPLS,
+        default=env_default("TOKENLINE_MODEL_IMPL", "auto"),
+        help="native: tokenline's own model code; transformers: the architecture's "
+        "transformers code with tokenline's attention and KV cache; auto: native where it "
+        "exists, else transformers",
     )
     p.add_argument(
         "--kv-cache-tokens",
@@ -138,7 +152,17 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+def resolve_or_exit(config: SchedulerProcessConfig) -> ModelImpl:
+    """The path that serves the model; a checkpoint none can run ends the process here,
+    with one line and before any weight or kernel work."""
+    try:
+        return resolve_model_impl(config.model, config.model_impl)
+    except UnsupportedModelError as exc:
+        raise SystemExit(f"tokenline-scheduler: {exc}") from None
+
+
 async def serve(config: SchedulerProcessConfig) -> None:
+    impl = resolve_or_exit(config)
     # Forked first, before gRPC or anything else starts a thread (engine_process.py).
     launch = EngineLaunch(config) if config.engine == "process" else None
     process = GrpcProcess(
@@ -149,7 +173,12 @@ async def serve(config: SchedulerProcessConfig) -> None:
         tls=config.tls,
     )
     model_name = Path(config.model).resolve().name
-    servicer = SchedulerServicer(model_name, metrics_port=config.metrics_port)
+    servicer = SchedulerServicer(
+        model_name,
+        metrics_port=config.metrics_port,
+        architecture=impl.architecture,
+        model_impl=impl.path,
+    )
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, process.server)
     # Liveness answers while the model loads; readiness waits for it.
     await process.start()

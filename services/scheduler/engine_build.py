@@ -17,6 +17,7 @@ from services.scheduler.kv_pool import KVPool
 from services.scheduler.model.config import ModelConfig
 from services.scheduler.model.dtype import choose_dtype
 from services.scheduler.model.loader import load_model
+from services.scheduler.model.model_impl import resolve_model_impl
 from services.scheduler.sample_kernel import SampleKernel, is_registered
 from services.scheduler.sample_kernel import build as build_kernels
 from services.scheduler.stop_checker import StopChecker
@@ -35,6 +36,7 @@ class SchedulerProcessConfig:
     device: str
     engine: str  # "process" | "thread"
     attention_backend: str
+    model_impl: str  # auto | native | transformers (model/model_impl.py)
     kv_cache_tokens: int
     kv_cache_memory_mb: int
     max_running_requests: int
@@ -59,8 +61,11 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     device = torch.device(config.device)
-    choice = choose_dtype(config.dtype, ModelConfig.from_dir(config.model).dtype, device)
-    model, model_config = load_model(config.model, choice.dtype, device, config.attention_backend)
+    impl = resolve_model_impl(config.model, config.model_impl)
+    choice = choose_dtype(config.dtype, impl.dtype, device)
+    model, model_config = load_model(
+        config.model, choice.dtype, device, config.attention_backend, impl.path
+    )
     logger.info("model %s in %s on %s (%s)", config.model, choice.name, device, choice.reason)
     kv_pool = create_kv_pool(config, model_config, choice.dtype, device)
     context = config.context_length or model_config.max_context_len

@@ -69,9 +69,13 @@ def _take_outcome(task: asyncio.Future) -> None:
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
-    def __init__(self, model_name: str, metrics_port: int = 0) -> None:
+    def __init__(
+        self, model_name: str, metrics_port: int = 0, architecture: str = "", model_impl: str = ""
+    ) -> None:
         self.model_name = model_name
         self.metrics_port = metrics_port
+        self.architecture = architecture  # what GetInfo reports: the checkpoint's class
+        self.model_impl = model_impl  # and the path that serves it: native or transformers
         self.engine: EngineClient | None = None
         self.context_length = 0
         self.dtype = ""
@@ -250,6 +254,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             num_sessions=stats.num_sessions,
             num_evictable_kv_tokens=stats.num_evictable_kv_tokens,
             metrics_port=self.metrics_port,
+            architecture=self.architecture,
+            model_impl=self.model_impl,
         )
 
     def _check_lease(self, owner: str) -> None:

@@ -143,6 +143,8 @@ def test_model_and_server_info_match_each_services_own_get_info(
     assert model["is_generation"] is True and model["model_path"] == stack.model
     assert model["served_model_name"] == served == scheduler.model
     assert model["max_model_len"] == scheduler.context_length and model["dtype"] == scheduler.dtype
+    assert model["architecture"] == scheduler.architecture == "LlamaForCausalLM"
+    assert model["model_impl"] == scheduler.model_impl == "native"
 
     info = httpx.get(f"{root}/get_server_info", timeout=10).json()
     assert info["version"] == importlib.metadata.version("tokenline") and info["model"] == model

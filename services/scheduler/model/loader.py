@@ -21,6 +21,11 @@ from services.scheduler.model.config import ModelConfig
 from services.scheduler.model.dtype import choose_dtype
 from services.scheduler.model.linear import prepare_linears
 from services.scheduler.model.llama import LlamaForCausalLM
+from services.scheduler.model.model_impl import resolve_model_impl
+from services.scheduler.model.transformers_model import (
+    TransformersCausalLM,
+    load_transformers_model,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -33,14 +38,21 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     device: torch.device | str = "cpu",
     attention_backend: str = "torch",
-) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """Build the model for ``model_dir`` on ``device`` with its weights loaded, in eval mode.
+    model_impl: str = "auto",
+) -> tuple[LlamaForCausalLM | TransformersCausalLM, ModelConfig]:
+    """Build the model for ``model_dir`` on ``device`` with its weights loaded, in eval mode,
+    on the path ``model_impl`` (auto, native, transformers: ``model_impl.py``) picks.
 
     ``dtype`` None or "auto" is what ``choose_dtype`` picks for the checkpoint on ``device``.
     """
     model_dir = Path(model_dir)
-    config = ModelConfig.from_dir(model_dir)
     device = torch.device(device)
+    impl = resolve_model_impl(model_dir, model_impl)
+    if impl.path == "transformers":
+        chosen = choose_dtype(dtype, impl.dtype, device).dtype
+        files = checkpoint_files(model_dir)
+        return load_transformers_model(model_dir, files, chosen, device, attention_backend)
+    config = ModelConfig.from_dir(model_dir)
     backend = create_attention_backend(attention_backend, device)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, backend)
