@@ -34,6 +34,10 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar("TOKENLINE_DEVICE", "torch device: cpu or cuda"),
         EnvVar("TOKENLINE_ENGINE", "scheduler engine: process (its own) or thread"),
         EnvVar(
+            "TOKENLINE_BATCH_INVARIANT",
+            "1: each request's output is independent of its batch (scheduler, slower)",
+        ),
+        EnvVar(
             "TOKENLINE_BUILD_KERNELS",
             "scheduler: 1 to compile the CPU kernels at start when none fit this machine",
         ),

@@ -35,6 +35,7 @@ class SchedulerProcessConfig:
     device: str
     engine: str  # "process" | "thread"
     attention_backend: str
+    batch_invariant: bool
     kv_cache_tokens: int
     kv_cache_memory_mb: int
     max_running_requests: int
@@ -60,7 +61,9 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
         torch.set_num_threads(config.num_threads)
     device = torch.device(config.device)
     choice = choose_dtype(config.dtype, ModelConfig.from_dir(config.model).dtype, device)
-    model, model_config = load_model(config.model, choice.dtype, device, config.attention_backend)
+    model, model_config = load_model(
+        config.model, choice.dtype, device, config.attention_backend, config.batch_invariant
+    )
     logger.info("model %s in %s on %s (%s)", config.model, choice.name, device, choice.reason)
     kv_pool = create_kv_pool(config, model_config, choice.dtype, device)
     context = config.context_length or model_config.max_context_len

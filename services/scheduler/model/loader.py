@@ -33,22 +33,25 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     device: torch.device | str = "cpu",
     attention_backend: str = "torch",
+    batch_invariant: bool = False,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model for ``model_dir`` on ``device`` with its weights loaded, in eval mode.
 
     ``dtype`` None or "auto" is what ``choose_dtype`` picks for the checkpoint on ``device``.
+    ``batch_invariant``: each row's result independent of the rest of its batch, at a cost
+    (``linear.py``, ``torch_backend.py``).
     """
     model_dir = Path(model_dir)
     config = ModelConfig.from_dir(model_dir)
     device = torch.device(device)
-    backend = create_attention_backend(attention_backend, device)
+    backend = create_attention_backend(attention_backend, device, batch_invariant)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, backend)
     chosen = choose_dtype(dtype, config.dtype, device).dtype
     model = model.to(dtype=chosen).to_empty(device=device)
     model.tie_weights()
     load_weights(model, checkpoint_files(model_dir))
-    linears = prepare_linears(model, device, chosen)  # oneDNN packing and row buckets on CPU
+    linears = prepare_linears(model, device, chosen, batch_invariant)  # oneDNN packing and row buckets on CPU
     logger.info("model %s: %s on %s, linear layers %s", model_dir.name, chosen, device, linears)
     return model.eval(), config
 
