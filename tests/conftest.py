@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from services.common.default_model import ensure_default_model
-from tests.live_stack import module_stack
+from tests.live_stack import shared_stack, stack
 
 if TYPE_CHECKING:
     from tests.tls_certs import CertFiles
@@ -31,8 +31,7 @@ def tls_certs(tmp_path_factory: pytest.TempPathFactory) -> CertFiles:
     return make_certs(tmp_path_factory.mktemp("tls"))
 
 
-# A fresh four-process stack per test module, logs dumped if a test fails. Modules that
-# need other flags define their own ``stack = module_stack(...)``.
-stack = module_stack(
-    "stack-logs", scheduler_args=["--kv-cache-tokens", "16384", "--num-threads", "1"]
-)
+# ``stack``: the session's shared four-process stack (tests/live_stack.py). A module that
+# needs other flags defines its own: ``stack = front_half(...)`` for frontend or gateway
+# flags, ``stack = module_stack(...)`` for the scheduler's or detokenizer's.
+__all__ = ["shared_stack", "stack"]

@@ -171,7 +171,11 @@ def _sdpa(
 
 
 def _decode_one_by_one(
-    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: list[torch.Tensor], scale: float
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    slots: list[torch.Tensor],
+    scale: float,
 ) -> torch.Tensor:
     """[B, heads, D]: each decode query ([B, heads, D]) over its own keys only, one SDPA
     call per request, so no row depends on the others' lengths."""

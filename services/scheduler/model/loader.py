@@ -51,7 +51,7 @@ def load_model(
     model = model.to(dtype=chosen).to_empty(device=device)
     model.tie_weights()
     load_weights(model, checkpoint_files(model_dir))
-    linears = prepare_linears(model, device, chosen, batch_invariant)  # oneDNN packing and row buckets on CPU
+    linears = prepare_linears(model, device, chosen, batch_invariant)  # packing, row buckets
     logger.info("model %s: %s on %s, linear layers %s", model_dir.name, chosen, device, linears)
     return model.eval(), config
 
