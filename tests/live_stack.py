@@ -23,7 +23,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.launch import LocalStack, StackPorts
 from tests.waiting import wait_until
@@ -69,6 +71,39 @@ def running_stack(
         stack.stop()
         if request is not None and request.session.testsfailed > failed_before:
             dump_logs(log_dir)
+
+
+def finish_counts(stack: LocalStack) -> dict[str, float]:
+    """Requests that left the scheduler so far, by finish reason, from its own metrics."""
+    text = httpx.get(stack.ports.metrics_url("scheduler"), timeout=5).text
+    return {
+        sample.labels["finished_reason"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "tokenline:request_success_total"
+    }
+
+
+def wait_for_finishes(
+    stack: LocalStack, before: dict[str, float], total: int, limit_s: float = SETTLE_S
+) -> dict[str, int]:
+    """Until ``total`` more requests left the scheduler than at ``before`` and it is idle;
+    returns how many left by each reason since. A freed request counts as "abort", a
+    zombie that ran on to its length as "length". The metrics follow a step behind, so
+    this waits; ``limit_s`` only bounds a failure, so it is generous."""
+
+    def since() -> dict[str, int]:
+        now = finish_counts(stack)
+        return {r: int(n - before.get(r, 0)) for r, n in now.items() if n > before.get(r, 0)}
+
+    wait_until(lambda: sum(since().values()) >= total, limit_s, f"{total} finishes", 0.05)
+    wait_until(lambda: _scheduler_load(stack) == 0, limit_s, "an idle scheduler", 0.02)
+    return since()
+
+
+def _scheduler_load(stack: LocalStack) -> int:
+    info = stack.scheduler_info()
+    return info.num_waiting + info.num_running
 
 
 def wait_until_settled(stack: LocalStack) -> None:

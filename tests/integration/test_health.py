@@ -21,10 +21,9 @@ import signal
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from services.launch import LocalStack
-from tests.live_stack import module_stack
+from tests.live_stack import finish_counts, module_stack, wait_for_finishes
 from tests.waiting import wait_until
 
 NUM_STREAMS = 8
@@ -48,25 +47,6 @@ def health_status(stack: LocalStack) -> int | None:
         return httpx.get(f"http://{stack.host}:{stack.ports.gateway}/health", timeout=5).status_code
     except httpx.TransportError:
         return None
-
-
-def aborted_requests(stack: LocalStack) -> float:
-    """Requests the scheduler let go with finish reason "abort", from its own metrics."""
-    text = httpx.get(stack.ports.metrics_url("scheduler"), timeout=5).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "tokenline:request_success_total" and (
-                sample.labels.get("finished_reason") == "abort"
-            ):
-                return sample.value
-    return 0.0
-
-
-def wait_until_aborted(stack: LocalStack, count: float) -> None:
-    """Until the scheduler's metrics count ``count`` aborted requests (they are published
-    a step after the abort); fails if the requests ended any other way."""
-    wait_until(lambda: aborted_requests(stack) >= count, LIMIT_S, "aborted requests", 0.05)
-    assert aborted_requests(stack) == count
 
 
 def deep_health(stack: LocalStack) -> httpx.Response:
@@ -121,7 +101,7 @@ def test_kill_9_under_running_streams_errors_recovers_and_leaks_nothing(
 ) -> None:
     assert health_status(stack) == 200
     assert deep_health(stack).status_code == 200
-    aborted_before = aborted_requests(stack) if service == "frontend" else 0.0
+    before = finish_counts(stack)
     assert asyncio.run(kill_under_streams(stack, service)) == ["error"] * NUM_STREAMS
     if service == "gateway":
         assert health_status(stack) is None  # nothing answers at all
@@ -134,7 +114,8 @@ def test_kill_9_under_running_streams_errors_recovers_and_leaks_nothing(
     if service == "frontend":
         # Only the lease can end its requests: the frontend that sent them is gone.
         wait_until(lambda: scheduler_is_idle(stack), LIMIT_S, "scheduler idle", 0.05)
-        wait_until_aborted(stack, aborted_before + NUM_STREAMS)
+        ended = wait_for_finishes(stack, before, NUM_STREAMS, LIMIT_S)
+        assert ended == {"abort": NUM_STREAMS}
     stack.restart(service)
     wait_until(lambda: health_status(stack) == 200, LIMIT_S, "/health 200", 0.05)
     assert deep_health(stack).status_code == 200
@@ -155,7 +136,7 @@ def test_a_frozen_frontend_loses_its_lease_and_the_scheduler_frees_its_requests(
     wait_until(lambda: health_status(stack) == 200, LIMIT_S, "/health 200", 0.05)
     url = f"{stack.base_url}/chat/completions"
     frontend = stack.procs["frontend"]
-    aborted_before = aborted_requests(stack)
+    before = finish_counts(stack)
 
     async def freeze_while_decoding() -> None:
         async with httpx.AsyncClient(timeout=60) as http:
@@ -172,7 +153,7 @@ def test_a_frozen_frontend_loses_its_lease_and_the_scheduler_frees_its_requests(
                 assert await asyncio.wait_for(task, LIMIT_S) == "error"
 
     asyncio.run(freeze_while_decoding())
-    wait_until_aborted(stack, aborted_before + 1)  # the lease ended it, not its length
+    assert wait_for_finishes(stack, before, 1, LIMIT_S) == {"abort": 1}  # not its length
     wait_until(lambda: health_status(stack) == 200, LIMIT_S, "/health 200 again", 0.05)
     reply = one_token(stack)
     assert reply.status_code == 200, reply.text
