@@ -31,6 +31,21 @@ def tls_certs(tmp_path_factory: pytest.TempPathFactory) -> CertFiles:
     return make_certs(tmp_path_factory.mktemp("tls"))
 
 
+# Fixtures whose tests run against live service processes.
+LIVE_FIXTURES = {"stack", "shared_stack", "client", "two_schedulers"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test gets one tier: ``live`` (it starts processes: declared by its module, or
+    it takes a live stack), ``tooling`` (declared: linters, manifests, docs), else ``unit``
+    (in-process; ``make test-fast`` runs only these)."""
+    for item in items:
+        if LIVE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.live)
+        if not {m.name for m in item.iter_markers()} & {"live", "tooling"}:
+            item.add_marker(pytest.mark.unit)
+
+
 # ``stack``: the session's shared four-process stack (tests/live_stack.py). A module that
 # needs other flags defines its own: ``stack = front_half(...)`` for frontend or gateway
 # flags, ``stack = module_stack(...)`` for the scheduler's or detokenizer's.

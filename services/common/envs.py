@@ -34,6 +34,10 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar("TOKENLINE_DEVICE", "torch device: cpu or cuda"),
         EnvVar("TOKENLINE_ENGINE", "scheduler engine: process (its own) or thread"),
         EnvVar(
+            "TOKENLINE_CACHE_DIR",
+            "scheduler: where the CPU's vector-ISA probe result is kept (~/.cache/tokenline)",
+        ),
+        EnvVar(
             "TOKENLINE_BATCH_INVARIANT",
             "1: each request's output is independent of its batch (scheduler, slower)",
         ),

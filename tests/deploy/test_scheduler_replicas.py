@@ -23,6 +23,8 @@ from tokenline.v1 import (
 from services.launch import LocalStack, StackPorts, free_port
 from tests.live_stack import dump_logs
 
+pytestmark = pytest.mark.live
+
 
 @pytest.fixture
 def two_schedulers(default_model_dir: Path, tmp_path: Path) -> Iterator[tuple[LocalStack, str]]:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.live
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # (oneDNN cap, ATen capability, CPU flags it needs), lowest first.
