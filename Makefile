@@ -16,7 +16,7 @@ BUF := $(VENV)/bin/buf
 # `make proto-check` compares the working tree's protos with this branch.
 PROTO_AGAINST ?= main
 
-.PHONY: all setup proto model check-model kernels run test lint fmt bench clean descriptor proto-check soak containers-test docs
+.PHONY: all setup proto model check-model kernels run test test-fast lint fmt bench clean descriptor proto-check soak containers-test docs
 
 all: setup
 
@@ -69,6 +69,11 @@ run: model
 
 test: model
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The inner loop: the in-process tier only (tests/conftest.py marks every test unit, live
+# or tooling; docs/contributing.md has each tier's time).
+test-fast: model
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
 # Opt-in, not part of `make test`: 256 streams for 60 s on a fresh local stack, then no
 # failures, no leaked state and < 5 % RSS growth per service (bench/soak.py). ~2 minutes.

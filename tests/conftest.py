@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from services.common.default_model import ensure_default_model
-from tests.live_stack import module_stack
+from tests.live_stack import shared_stack, stack
 
 if TYPE_CHECKING:
     from tests.tls_certs import CertFiles
@@ -31,8 +31,22 @@ def tls_certs(tmp_path_factory: pytest.TempPathFactory) -> CertFiles:
     return make_certs(tmp_path_factory.mktemp("tls"))
 
 
-# A fresh four-process stack per test module, logs dumped if a test fails. Modules that
-# need other flags define their own ``stack = module_stack(...)``.
-stack = module_stack(
-    "stack-logs", scheduler_args=["--kv-cache-tokens", "16384", "--num-threads", "1"]
-)
+# Fixtures whose tests run against live service processes.
+LIVE_FIXTURES = {"stack", "shared_stack", "client", "two_schedulers"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test gets one tier: ``live`` (it starts processes: declared by its module, or
+    it takes a live stack), ``tooling`` (declared: linters, manifests, docs), else ``unit``
+    (in-process; ``make test-fast`` runs only these)."""
+    for item in items:
+        if LIVE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.live)
+        if not {m.name for m in item.iter_markers()} & {"live", "tooling"}:
+            item.add_marker(pytest.mark.unit)
+
+
+# ``stack``: the session's shared four-process stack (tests/live_stack.py). A module that
+# needs other flags defines its own: ``stack = front_half(...)`` for frontend or gateway
+# flags, ``stack = module_stack(...)`` for the scheduler's or detokenizer's.
+__all__ = ["shared_stack", "stack"]

@@ -39,6 +39,14 @@ ENV_VARS: dict[str, EnvVar] = {
         ),
         EnvVar("TOKENLINE_CHAT_TEMPLATE", "frontend: a Jinja chat template file to use"),
         EnvVar(
+            "TOKENLINE_CACHE_DIR",
+            "scheduler: where the CPU's vector-ISA probe result is kept (~/.cache/tokenline)",
+        ),
+        EnvVar(
+            "TOKENLINE_BATCH_INVARIANT",
+            "1: each request's output is independent of its batch (scheduler, slower)",
+        ),
+        EnvVar(
             "TOKENLINE_BUILD_KERNELS",
             "scheduler: 1 to compile the CPU kernels at start when none fit this machine",
         ),

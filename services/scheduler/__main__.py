@@ -77,6 +77,14 @@ def create_parser() -> argparse.ArgumentParser:
         "exists, else transformers",
     )
     p.add_argument(
+        "--batch-invariant",
+        action=argparse.BooleanOptionalAction,
+        default=env_default("TOKENLINE_BATCH_INVARIANT", False, parse_bool),
+        help="make each request's output independent of what else is in its batch (fixed "
+        "row tiles in every matmul, decode attention per request), at a measured cost: "
+        "docs/batch-invariance.md",
+    )
+    p.add_argument(
         "--kv-cache-tokens",
         type=int,
         default=0,

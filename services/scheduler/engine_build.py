@@ -37,6 +37,7 @@ class SchedulerProcessConfig:
     engine: str  # "process" | "thread"
     attention_backend: str
     model_impl: str  # auto | native | transformers (model/model_impl.py)
+    batch_invariant: bool
     kv_cache_tokens: int
     kv_cache_memory_mb: int
     max_running_requests: int
@@ -64,7 +65,12 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
     impl = resolve_model_impl(config.model, config.model_impl)
     choice = choose_dtype(config.dtype, impl.dtype, device)
     model, model_config = load_model(
-        config.model, choice.dtype, device, config.attention_backend, impl.path
+        config.model,
+        choice.dtype,
+        device,
+        config.attention_backend,
+        model_impl=impl.path,
+        batch_invariant=config.batch_invariant,
     )
     logger.info("model %s in %s on %s (%s)", config.model, choice.name, device, choice.reason)
     kv_pool = create_kv_pool(config, model_config, choice.dtype, device)

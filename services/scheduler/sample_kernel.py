@@ -30,7 +30,9 @@ image, which drops torch's headers, a GPU).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -131,7 +133,48 @@ def _cpu_flags() -> str:
 
 def isa_flags() -> list[str]:
     """The vector ISA torch's own CPU code generator picks here (its compiler flags and the
-    ``CPU_CAPABILITY`` macro that selects ``at::vec``'s implementation); none: scalar."""
+    ``CPU_CAPABILITY`` macro that selects ``at::vec``'s implementation); none: scalar.
+
+    Picking it compiles and runs probe programs (~3 s), so the answer is kept on disk
+    (``isa_cache_path``), keyed by everything it depends on."""
+    cache = isa_cache_path()
+    try:
+        return list(json.loads(cache.read_text()))
+    except (OSError, ValueError):
+        pass
+    flags = _probe_isa_flags()
+    with contextlib.suppress(OSError):  # a read-only home: probe again next time
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        scratch = cache.with_suffix(f".{os.getpid()}.tmp")
+        scratch.write_text(json.dumps(flags))
+        scratch.replace(cache)  # atomic: a concurrent start reads all or nothing
+    return flags
+
+
+def isa_cache_path() -> Path:
+    """Where the ISA probe's answer for this CPU, torch, compiler and capability cap lives:
+    ``$TOKENLINE_CACHE_DIR``, else ``$XDG_CACHE_HOME/tokenline`` or ``~/.cache/tokenline``."""
+    parts = [torch.__version__, _cpu_flags(), _compiler_version()]
+    parts.append(os.environ.get("ATEN_CPU_CAPABILITY", ""))
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tokenline"
+    root = Path(os.environ.get("TOKENLINE_CACHE_DIR") or default)
+    return root / f"vec-isa-{digest}.json"
+
+
+def _compiler_version() -> str:
+    """The first line of the C++ compiler's ``--version``; empty where there is none."""
+    compiler = find_compiler()
+    if compiler is None:
+        return ""
+    try:
+        done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.partition("\n")[0]
+
+
+def _probe_isa_flags() -> list[str]:
     try:
         from torch._inductor.cpu_vec_isa import pick_vec_isa
 

@@ -16,6 +16,8 @@ from services.common.envs import parse_bool
 from services.common.logs import add_logging_args
 from services.launch import free_port
 
+pytestmark = pytest.mark.live
+
 
 @pytest.mark.parametrize(("raw", "value"), [("1", True), ("on", True), ("0", False), ("no", False)])
 def test_env_fallback_parses_booleans(

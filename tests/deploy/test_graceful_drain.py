@@ -16,6 +16,8 @@ from services.launch import LocalStack, StackPorts
 from tests.live_stack import dump_logs
 from tests.waiting import eventually
 
+pytestmark = pytest.mark.live
+
 NEW_TOKENS = 48
 
 

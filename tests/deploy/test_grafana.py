@@ -25,6 +25,8 @@ from tests.metric_names import (
     query_panels,
 )
 
+pytestmark = pytest.mark.tooling
+
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "deploy" / "grafana"
 DATASOURCES = GRAFANA / "provisioning" / "datasources" / "prometheus.yml"

@@ -28,6 +28,8 @@ from services.detokenizer.__main__ import parse_args as detokenizer_args
 from services.frontend.__main__ import parse_args as frontend_args
 from services.scheduler.__main__ import parse_args as scheduler_args
 
+pytestmark = pytest.mark.tooling
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 COMPOSE = ROOT / "docker-compose.yml"

@@ -23,6 +23,8 @@ from tokenline.v1 import (
 from services.launch import LocalStack, StackPorts, free_port
 from tests.live_stack import dump_logs
 
+pytestmark = pytest.mark.live
+
 
 @pytest.fixture
 def two_schedulers(default_model_dir: Path, tmp_path: Path) -> Iterator[tuple[LocalStack, str]]:
@@ -118,12 +120,12 @@ async def spread_then_kill(stack: LocalStack, second: str) -> None:
         victim = first if await running(first) else second
         proc = stack.procs["scheduler" if victim == first else "scheduler-b"]
         proc.send_signal(signal.SIGKILL)
-        started = time.monotonic()
+        # The stream's 400 tokens would take far longer than the call's deadline is left
+        # to run: it must end in UNAVAILABLE from the kill, not in its finish.
         with pytest.raises(grpc.aio.AioRpcError) as failed:
             while await stream.read() is not grpc.aio.EOF:
                 pass
         assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert time.monotonic() - started < 10
         again = await stub.Generate(request("after-kill", 8), timeout=60)
         assert len(again.outputs[0].output_ids) == 8
 

@@ -122,6 +122,8 @@ def service_commands(hosts: Hosts, model: str) -> dict[str, list[str]]:
 
 CLIENT = """
 import json, sys, time, openai, urllib.request
+
+pytestmark = pytest.mark.live
 base = sys.argv[1]
 deadline = time.time() + 180
 while True:

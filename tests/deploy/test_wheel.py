@@ -9,7 +9,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from services.scheduler.sample_kernel import HEADERS, SOURCES
+
+pytestmark = pytest.mark.live
 
 ROOT = Path(__file__).resolve().parents[2]
 

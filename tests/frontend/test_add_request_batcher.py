@@ -102,7 +102,7 @@ async def test_requests_submitted_while_a_call_is_out_go_as_one_call(setup: tupl
     later = []
     for i in range(4):  # each in a turn of its own, as a gateway's opens arrive
         later.append(batcher.submit(req(f"r{i}")))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)
     assert fake.calls == [["first"]]  # nothing else went out while it was held
     fake.gate.set()
     await asyncio.gather(first, *later)
@@ -116,10 +116,10 @@ async def test_max_in_flight_bounds_the_calls_out(setup: tuple) -> None:
     batcher = AddRequestBatcher(scheduler_pb2_grpc.SchedulerServiceStub(channel), max_in_flight=2)
     fake.gate.clear()
     futures = []
-    for i in range(4):
+    for i in range(4):  # r0 and r1 take the two slots, each once the last call is out
         futures.append(batcher.submit(req(f"r{i}")))
-        await asyncio.sleep(0.01)
-    await until(lambda: fake.num_waiting == 2)
+        await until(lambda i=i: fake.num_waiting == min(i + 1, 2))
+    await asyncio.sleep(0)  # a turn in which r2 and r3 could go, were a slot free
     assert fake.calls == [["r0"], ["r1"]]
     fake.gate.set()
     await asyncio.gather(*futures)
@@ -135,7 +135,7 @@ async def test_close_sends_what_waits_for_a_slot(setup: tuple) -> None:
     await until(lambda: fake.num_waiting == 1)
     second = batcher.submit(req("second"))
     closing = asyncio.ensure_future(batcher.close())
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # close() runs up to its wait for the held call
     assert not closing.done()
     fake.gate.set()
     await closing

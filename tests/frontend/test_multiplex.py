@@ -16,6 +16,7 @@ from tokenline.v1 import frontend_pb2, openai_pb2
 
 from services.common.errors import InvalidArgumentError, call_error, field_of
 from services.frontend.multiplex import StreamBudget, serve_multiplexed
+from tests.waiting import eventually
 
 Frames = list[frontend_pb2.MuxFrame]
 
@@ -74,10 +75,12 @@ class Stepped:
 
     def __init__(self, messages: int) -> None:
         self.steps = [asyncio.Event() for _ in range(messages)]
+        self.opened: list[str] = []
         self.closed: list[str] = []
 
     async def __call__(self, request: frontend_pb2.MuxRequest) -> AsyncIterator[object]:
         label = request.chat.request_id
+        self.opened.append(label)
         try:
             for i, step in enumerate(self.steps):
                 await step.wait()
@@ -99,7 +102,7 @@ async def test_one_batch_carries_every_streams_frame_of_a_step() -> None:
     streams = Stepped(messages=2)
     call = Call(streams)
     call.send(chat_open(1), chat_open(2), chat_open(3))
-    await asyncio.sleep(0.01)  # the three streams wait on step 0
+    await eventually(lambda: len(streams.opened) == 3, what="three open streams")
     streams.steps[0].set()
     first = await call.batch()
     assert by_stream(first) == {1: ["1-0"], 2: ["2-0"], 3: ["3-0"]}
@@ -119,10 +122,7 @@ async def test_a_cancel_closes_that_stream_only_and_it_sends_nothing_more() -> N
     streams.steps[0].set()
     assert by_stream(await call.batch()) == {1: ["1-0"], 2: ["2-0"]}
     call.send(cancel(1))
-    for _ in range(100):
-        if streams.closed:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: bool(streams.closed), what="a closed stream")
     assert streams.closed == ["1"]  # its generator ran its cleanup (upstream abort)
     streams.steps[1].set()
     assert by_stream(await call.frames_until_ends(1)) == {2: ["2-1", "end:0"]}
@@ -184,7 +184,7 @@ async def test_draining_refuses_new_streams_and_ends_the_call_when_idle() -> Non
     budget = StreamBudget(None)
     call = Call(streams, budget)
     call.send(chat_open(1))
-    await asyncio.sleep(0.01)
+    await eventually(lambda: streams.opened == ["1"], what="the stream in flight")
     await budget.begin_drain()
     call.send(chat_open(2))
     refused = await call.frames_until_ends(1)
@@ -201,7 +201,7 @@ async def test_ending_the_call_cancels_every_open_stream() -> None:
     streams = Stepped(messages=1)
     call = Call(streams)
     call.send(chat_open(1), chat_open(2))
-    await asyncio.sleep(0.01)
+    await eventually(lambda: len(streams.opened) == 2, what="two open streams")
     pending = call._pull()
     pending.cancel()  # the gateway went away: grpc cancels the handler mid-wait
     with pytest.raises(asyncio.CancelledError):

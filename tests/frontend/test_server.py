@@ -33,6 +33,8 @@ from tests.frontend.test_params import INVALID_OPENAI
 from tests.live_stack import running_stack
 from tests.waiting import eventually
 
+pytestmark = pytest.mark.live
+
 LONG = 3000  # tokens: far more than a test waits for
 
 

@@ -15,6 +15,8 @@ import pytest
 
 from services.common.gen_protos import ROOT
 
+pytestmark = pytest.mark.tooling
+
 
 @pytest.fixture(autouse=True)
 def fake() -> None:

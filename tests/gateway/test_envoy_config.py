@@ -25,6 +25,8 @@ from test_proto_http_rules import EXPECTED_RULES, SERVICE
 from gateway.config import GatewayConfig
 from services.common.gen_protos import DESCRIPTOR_SET, ROOT
 
+pytestmark = pytest.mark.tooling
+
 ENVOY_YAML = ROOT / "deploy" / "envoy" / "envoy.yaml"
 TRANSCODER = "envoy.filters.http.grpc_json_transcoder"
 _HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"

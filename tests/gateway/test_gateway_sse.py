@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import grpc
@@ -118,9 +117,8 @@ async def test_client_disconnect_cancels_grpc_call(
             if line.startswith("data: "):
                 break  # the first frame arrived; the fake now hangs
         assert not fake.observed.cancelled.is_set()
-    started = time.monotonic()
-    assert fake.observed.cancelled.wait(timeout=2.0), "frontend call was not cancelled"
-    assert time.monotonic() - started < 2.0
+    # The fake hangs for good: only the cancel can set this (the bound only ends a failure).
+    assert fake.observed.cancelled.wait(timeout=30.0), "frontend call was not cancelled"
 
 
 async def test_client_disconnect_cancels_unary_call(

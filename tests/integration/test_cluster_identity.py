@@ -17,6 +17,8 @@ import pytest
 from services.launch import LocalStack, StackPorts
 from tests.live_stack import dump_logs
 
+pytestmark = pytest.mark.live
+
 NUM_PAIRS = 50
 NEAR_TIE = 1e-3  # logprob gap under which batched and solo float32 may pick differently
 

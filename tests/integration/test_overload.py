@@ -14,6 +14,8 @@ import pytest
 from services.launch import LocalStack
 from tests.live_stack import running_stack
 
+pytestmark = pytest.mark.live
+
 MAX_WAITING = 2  # the scheduler's live-request bound (running + waiting)
 
 

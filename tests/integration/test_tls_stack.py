@@ -19,6 +19,8 @@ from services.launch import LocalStack
 from tests.live_stack import running_stack
 from tests.tls_certs import CertFiles
 
+pytestmark = pytest.mark.live
+
 GRPC_SERVICES = ("frontend", "scheduler", "detokenizer")
 
 

@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from services.common.grammar import JSON_MAX_WHITESPACE
-from tests.live_stack import module_stack
+from tests.live_stack import front_half
 
 WEATHER = {
     "type": "function",
@@ -64,11 +64,7 @@ CHOICES: list[tuple[str, Any]] = [
 ]
 
 
-stack = module_stack(
-    "tool-call-logs",
-    scheduler_args=["--kv-cache-tokens", "16384", "--num-threads", "1"],
-    frontend_args=["--tool-call-parser", "deepseek_v31"],
-)
+stack = front_half("tool-call-logs", frontend_args=["--tool-call-parser", "deepseek_v31"])
 
 
 def ask(client: openai.OpenAI, model_id: str, seed: int, choice: Any, **kwargs: Any) -> Any:

@@ -84,11 +84,13 @@ def run_backend(
     return backend.forward(q, k, v, layer=layer, meta=meta, kv_pool=pool, scale=SCALE)
 
 
+@pytest.mark.parametrize("batch_invariant", [False, True], ids=["padded", "invariant"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_torch_backend_matches_naive(case: str) -> None:
+def test_torch_backend_matches_naive(case: str, batch_invariant: bool) -> None:
     batch, pool, q, k, v = random_step(CASES[case])
     untouched_before = pool.k_buffers[0].clone()
-    out = run_backend(create_attention_backend("torch", "cpu"), batch, pool, q, k, v)
+    backend = create_attention_backend("torch", "cpu", batch_invariant)
+    out = run_backend(backend, batch, pool, q, k, v)
     # The backend stored the new K/V exactly where the batch said, in the right layer only.
     assert torch.equal(pool.k_buffers[1][batch.out_cache_loc], k)
     assert torch.equal(pool.v_buffers[1][batch.out_cache_loc], v)
@@ -107,6 +109,11 @@ def test_torch_backend_bf16_pool_close_to_naive() -> None:
 def test_unknown_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown attention backend"):
         create_attention_backend("sdpa2", "cpu")
+
+
+def test_flash_attn_refuses_batch_invariance_by_name() -> None:
+    with pytest.raises(ValueError, match="--batch-invariant needs --attention-backend torch"):
+        create_attention_backend("flash_attn", "cpu", batch_invariant=True)
 
 
 def test_flash_attn_backend_importable_and_refuses_cpu() -> None:
@@ -151,9 +158,10 @@ def test_flash_attn_backend_matches_naive(case: str) -> None:
 
 @pytest.fixture(params=["sdpa", "kernel"])
 def decode_backend(request: pytest.FixtureRequest) -> AttentionBackend:
-    """The torch backend on each decode path: SDPA, or the compiled kernel."""
+    """The torch backend on each batch-invariant decode path: SDPA one request at a time
+    (``--batch-invariant``), or the compiled kernel (always per request)."""
     if request.param == "sdpa":
-        return create_attention_backend("torch", "cpu")
+        return create_attention_backend("torch", "cpu", batch_invariant=True)
     if find_compiler() is None:
         pytest.skip(NO_COMPILER)
     return request.getfixturevalue("kernel_backend")
@@ -164,10 +172,9 @@ def test_a_bf16_decode_row_is_the_same_alone_and_padded_in_a_batch(
     seed: int, decode_backend: AttentionBackend
 ) -> None:
     """Greedy tokens must not depend on what else is decoding: a request's decode output
-    is bit-identical alone and beside longer requests (its keys padded to theirs), on
-    both decode paths. bf16 SDPA on CPU is not (its result moved with the padding for
-    half of these seeds), so the SDPA path decodes in float32; the kernel computes each
-    request on its own."""
+    is bit-identical alone and beside longer requests, on both invariant decode paths.
+    The padded SDPA call of the default mode is not (on an AMX Xeon its float32 result
+    moved with the padding), which is why ``--batch-invariant`` decodes one by one."""
     gen = torch.Generator().manual_seed(seed)
     head_dim = 64  # the default model's: the kernel's blocking depends on it
     lengths = [40, 300, 90]  # keys of each request after this step

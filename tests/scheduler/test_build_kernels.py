@@ -5,6 +5,7 @@ around the build and the flag that asks for it."""
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 from services.scheduler import engine_build, sample_kernel
 from services.scheduler.__main__ import parse_args
 from services.scheduler.engine_build import build_kernels_if_missing
-from services.scheduler.sample_kernel import kernel_path
+from services.scheduler.sample_kernel import isa_cache_path, isa_flags, kernel_path
 from tests.scheduler.conftest import needs_compiler
 
 
@@ -101,3 +102,19 @@ def test_a_source_that_does_not_compile_fails_the_build_and_leaves_no_library(
     assert list((tmp_path / "kernels").iterdir()) == []  # the scratch directory went too
     monkeypatch.setattr(sample_kernel, "SOURCES", (good,))
     assert sample_kernel.build(tmp_path) == kernel_path(tmp_path)  # alone it links
+
+
+def test_the_isa_probe_answer_is_kept_on_disk_and_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scheduler start probes the vector ISA once per machine (~3 s of compiles), then
+    reads the answer: the file is keyed by CPU flags, torch, compiler and capability cap."""
+    monkeypatch.setenv("TOKENLINE_CACHE_DIR", str(tmp_path))
+    cache = isa_cache_path()
+    assert cache.parent == tmp_path and not cache.exists()
+    probed = isa_flags()
+    assert json.loads(cache.read_text()) == probed
+    cache.write_text(json.dumps(["-mwritten-here"]))  # what a later start finds is used
+    assert isa_flags() == ["-mwritten-here"]
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # a capped process: its own entry
+    assert isa_cache_path() != cache

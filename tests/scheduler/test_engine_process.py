@@ -28,6 +28,8 @@ from services.scheduler.protocol import row_from_pb
 from services.scheduler.sessions import SessionParams
 from tests.scheduler.factories import make_req, make_scheduler
 
+pytestmark = pytest.mark.live
+
 PROMPT = [0, *range(1000, 1040)]
 KV_TOKENS = 4096
 

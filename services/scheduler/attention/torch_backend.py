@@ -9,6 +9,11 @@ On CPU, when the engine's compiled kernels are loaded (``sample_kernel.py``), de
 tokens go to ``torch.ops.tokenline.decode_attention`` instead, which reads each request's
 keys and values in place in the pool, without the padded gather and its float32 copy
 (docs/benchmarks.md, "Decode attention on CPU", has what it measured).
+
+The padded SDPA call is not batch-invariant: how CPU SDPA blocks the keys depends on the
+longest request, so a row can round differently beside longer ones. With
+``batch_invariant`` the backend gives each decode request a call of its own (the compiled
+kernel already computes each request on its own).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class DecodeGroup:
     """All one-token requests of a step, padded into one SDPA call."""
 
     rows: torch.Tensor  # [B] flat row of each decode token
+    slots: list[torch.Tensor]  # per request: its [seq_len] pool slots, unpadded
     table: torch.Tensor  # [B, max_seq] slot table, padded with slot 0
     seq_lens: torch.Tensor  # [B] int64: the keys of request b are table[b, :seq_lens[b]]
     mask: torch.Tensor  # [B, 1, 1, max_seq] True where a key is real
@@ -67,9 +73,10 @@ class TorchAttentionMetadata(AttentionMetadata):
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
-    def __init__(self) -> None:
+    def __init__(self, batch_invariant: bool = False) -> None:
         # Set by the engine once its compiled kernels are loaded (engine_build.py).
         self.decode_kernel = False
+        self.batch_invariant = batch_invariant
 
     def plan(self, batch: ForwardBatch) -> TorchAttentionMetadata:
         meta = TorchAttentionMetadata(batch=batch)
@@ -121,6 +128,8 @@ class TorchAttentionBackend(AttentionBackend):
                 out[dec.rows] = torch.ops.tokenline.decode_attention(
                     dec_q, k_buf, v_buf, dec.table, dec.seq_lens, scale
                 )
+            elif self.batch_invariant:
+                out[dec.rows] = _decode_one_by_one(dec_q, k_buf, v_buf, dec.slots, scale)
             else:
                 dec_k, dec_v = dec.gather(k_buf), dec.gather(v_buf)  # [B, S, kvH, D]
                 out[dec.rows] = _sdpa(dec_q.unsqueeze(1), dec_k, dec_v, dec.mask, scale)[:, 0]
@@ -161,6 +170,24 @@ def _sdpa(
     return out.transpose(1, 2).to(dtype)
 
 
+def _decode_one_by_one(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    slots: list[torch.Tensor],
+    scale: float,
+) -> torch.Tensor:
+    """[B, heads, D]: each decode query ([B, heads, D]) over its own keys only, one SDPA
+    call per request, so no row depends on the others' lengths."""
+    outs = []
+    for b, request_slots in enumerate(slots):
+        keys = k_buf.index_select(0, request_slots).unsqueeze(0)
+        values = v_buf.index_select(0, request_slots).unsqueeze(0)
+        visible = torch.ones(1, 1, 1, len(request_slots), dtype=torch.bool, device=q.device)
+        outs.append(_sdpa(q[b : b + 1].unsqueeze(1), keys, values, visible, scale)[:, 0])
+    return torch.cat(outs)
+
+
 def _extend_span(start: int, length: int, seq_len: int, slots: torch.Tensor) -> ExtendSpan:
     prefix_len = seq_len - length
     mask = None
@@ -179,4 +206,4 @@ def _decode_group(rows: list[int], slots: list[torch.Tensor]) -> DecodeGroup:
     key_pos = torch.arange(table.shape[1], device=device)
     mask = (key_pos[None, :] < seq_lens[:, None])[:, None, None, :]
     rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
-    return DecodeGroup(rows_t, table.to(torch.int64).contiguous(), seq_lens, mask)
+    return DecodeGroup(rows_t, slots, table.to(torch.int64).contiguous(), seq_lens, mask)

@@ -19,6 +19,12 @@ things make it faster and leaner under serving:
   at most 12.5 % extra rows) caps the distinct shapes at a few dozen. MKL caches nothing
   per shape and CUDA's cuBLAS neither: a float32 layer left unpacked, or any CUDA layer,
   does not pad.
+* **Row tiles (``--batch-invariant``).** Neither row buckets nor oneDNN promise that a row's
+  result is the same at every row count: a kernel may block the reduction differently for
+  another M (seen on an AMX Xeon: 2 of 20 greedy chats changed from their first token when
+  batched). With ``row_tile`` set, every matmul runs on exactly that many rows, so each row
+  meets the same kernel and the same reduction order whatever else is in the step; the
+  extra rows and calls are the switch's cost (docs/batch-invariance.md).
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ from torch import nn
 # The dtypes oneDNN packs on any x86 CPU torch supports (fp16 needs AVX512_FP16 or
 # AVX-NE-CONVERT, so it stays on plain F.linear, still through oneDNN, with row buckets).
 PACKABLE_DTYPES = (torch.bfloat16, torch.float32)
+# Rows of every matmul in batch-invariant mode: enough that a decode step of up to 16
+# requests is one call, few enough that a lone decode row does not pay for many.
+INVARIANT_ROW_TILE = 16
 
 
 def row_bucket(num_rows: int) -> int:
@@ -42,35 +51,47 @@ def row_bucket(num_rows: int) -> int:
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether this torch build packs ``dtype`` weights for oneDNN on ``device``."""
+    """Whether this torch build packs ``dtype`` weights for oneDNN on ``device``: bf16
+    packing needs AVX512BW/VL/DQ or AVX-NE-CONVERT, and an AVX2-only CPU refuses it."""
     return (
         device.type == "cpu"
         and dtype in PACKABLE_DTYPES
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and (dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
     )
 
 
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same checkpoint names) that, once ``pack`` has run,
     multiplies by a oneDNN-packed weight, and whose input rows are padded to ``row_bucket``
-    while ``pad_rows`` is on (the padding rows are dropped after)."""
+    while ``pad_rows`` is on (the padding rows are dropped after), or run in tiles of exactly
+    ``row_tile`` rows when that is set (batch-invariant mode)."""
 
     pad_rows: bool = False
+    row_tile: int = 0  # > 0: every matmul takes exactly this many rows
     packed_weight: torch.Tensor | None = None  # opaque oneDNN tensor; a plain attribute
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         num_rows = x.shape[0]
-        padded = row_bucket(num_rows) if self.pad_rows else num_rows
+        if self.row_tile:
+            padded = -(-num_rows // self.row_tile) * self.row_tile
+        else:
+            padded = row_bucket(num_rows) if self.pad_rows else num_rows
         if padded != num_rows:
             x = F.pad(x, (0, 0, 0, padded - num_rows))
+        if self.row_tile:
+            out = torch.cat([self._matmul(tile) for tile in x.split(self.row_tile)])
+        else:
+            out = self._matmul(x)
+        return out if padded == num_rows else out[:num_rows]
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed_weight is not None:
-            out = torch.ops.mkldnn._linear_pointwise(
+            return torch.ops.mkldnn._linear_pointwise(
                 x, self.packed_weight, self.bias, "none", [], ""
             )
-        else:
-            out = super().forward(x)
-        return out if padded == num_rows else out[:num_rows]
+        return super().forward(x)
 
     @torch.no_grad()
     def pack(self, keep_dense: bool) -> None:
@@ -81,11 +102,24 @@ class Linear(nn.Linear):
             self.weight = None  # type: ignore[assignment]
 
 
-def prepare_linears(model: nn.Module, device: torch.device, dtype: torch.dtype) -> str:
+def prepare_linears(
+    model: nn.Module, device: torch.device, dtype: torch.dtype, batch_invariant: bool = False
+) -> str:
     """Set every ``Linear`` of a loaded ``model`` up for ``device`` and ``dtype``: packed
-    and padded where oneDNN runs them (see the module docstring). Returns what was done,
-    for the start-up log: "packed", "padded" or "plain"."""
+    and padded where oneDNN runs them, in fixed row tiles when ``batch_invariant`` (see the
+    module docstring). Returns what was done, for the start-up log."""
     layers = [m for m in model.modules() if isinstance(m, Linear)]
+    how = _pack_or_pad(model, layers, device, dtype)
+    if not batch_invariant:
+        return how
+    for layer in layers:
+        layer.row_tile = INVARIANT_ROW_TILE
+    return f"{how}, {INVARIANT_ROW_TILE}-row tiles (batch-invariant)"
+
+
+def _pack_or_pad(
+    model: nn.Module, layers: list[Linear], device: torch.device, dtype: torch.dtype
+) -> str:
     if can_pack(device, dtype):
         # A weight some other module holds too (a tied LM head's embedding) stays dense.
         shared = {

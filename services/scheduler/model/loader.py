@@ -39,28 +39,36 @@ def load_model(
     device: torch.device | str = "cpu",
     attention_backend: str = "torch",
     model_impl: str = "auto",
+    batch_invariant: bool = False,
 ) -> tuple[LlamaForCausalLM | TransformersCausalLM, ModelConfig]:
     """Build the model for ``model_dir`` on ``device`` with its weights loaded, in eval mode,
     on the path ``model_impl`` (auto, native, transformers: ``model_impl.py``) picks.
 
     ``dtype`` None or "auto" is what ``choose_dtype`` picks for the checkpoint on ``device``.
+    ``batch_invariant``: each row's result independent of the rest of its batch, at a cost
+    (``linear.py``, ``torch_backend.py``).
     """
     model_dir = Path(model_dir)
     device = torch.device(device)
     impl = resolve_model_impl(model_dir, model_impl)
     if impl.path == "transformers":
+        if batch_invariant:
+            raise ValueError(
+                "--batch-invariant needs a native model: transformers' own linear layers do "
+                "not run in fixed row tiles"
+            )
         chosen = choose_dtype(dtype, impl.dtype, device).dtype
         files = checkpoint_files(model_dir)
         return load_transformers_model(model_dir, files, chosen, device, attention_backend)
     config = ModelConfig.from_dir(model_dir)
-    backend = create_attention_backend(attention_backend, device)
+    backend = create_attention_backend(attention_backend, device, batch_invariant)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, backend)
     chosen = choose_dtype(dtype, config.dtype, device).dtype
     model = model.to(dtype=chosen).to_empty(device=device)
     model.tie_weights()
     load_weights(model, checkpoint_files(model_dir))
-    linears = prepare_linears(model, device, chosen)  # oneDNN packing and row buckets on CPU
+    linears = prepare_linears(model, device, chosen, batch_invariant)  # packing, row buckets
     logger.info("model %s: %s on %s, linear layers %s", model_dir.name, chosen, device, linears)
     return model.eval(), config
 
