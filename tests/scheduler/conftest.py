@@ -1,5 +1,6 @@
-"""The engine's compiled kernels (sample_kernel.py), built once per test session with the
-machine's C++ compiler and loaded into this process."""
+"""The engine's compiled kernels (sample_kernel.py), built once per machine with its C++
+compiler (``make model`` does, into the default model's folder) and loaded into this
+process."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ needs_compiler = pytest.mark.skipif(find_compiler() is None, reason=NO_COMPILER)
 
 
 @pytest.fixture(scope="session")
-def kernel_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model directory whose kernels/ holds this machine's build, loaded here."""
-    model_dir = tmp_path_factory.mktemp("kernels-model")
-    path = build(model_dir)
+def kernel_model_dir(default_model_dir: Path) -> Path:
+    """The default model's folder, whose kernels/ holds this machine's build (``make model``
+    built it; built here if not), loaded into this process. Read only: a test that changes
+    a model folder copies it."""
+    model_dir = default_model_dir
+    path = build(model_dir)  # a no-op where the library for this key is there
     assert path == kernel_path(model_dir) and path.is_file()
     assert SampleKernel.load(model_dir) is not None
     return model_dir

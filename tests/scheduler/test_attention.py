@@ -269,9 +269,9 @@ def test_the_decode_kernel_refuses_what_would_read_outside_the_pool(
 
 @needs_compiler
 def test_the_engine_attaches_the_decode_kernel_when_its_library_is_built(
-    kernel_model_dir: Path, default_model_dir: Path
+    kernel_model_dir: Path, default_model_dir: Path, tmp_path: Path
 ) -> None:
-    model_dir = kernel_model_dir / "model"
+    model_dir = tmp_path / "model"
     shutil.copytree(default_model_dir, model_dir, ignore=shutil.ignore_patterns("kernels"))
     shutil.copytree(kernel_model_dir / "kernels", model_dir / "kernels")
     scheduler, _ = build_engine(scheduler_args(["--model", str(model_dir)]))
