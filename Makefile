@@ -54,7 +54,7 @@ $(MODEL_DIR)/config.json: | $(STAMP)
 # where they cannot be built (no C++ compiler) the engine keeps its eager paths, so a
 # failure here stops nothing.
 kernels: $(MODEL_DIR)/config.json
-	-$(PY) -m services.scheduler.sample_kernel --model $(MODEL_DIR)
+	-$(PY) -m services.scheduler.ops.cpu_kernels --model $(MODEL_DIR)
 
 model: setup $(MODEL_DIR)/config.json kernels
 

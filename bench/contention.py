@@ -31,8 +31,8 @@ from bench.procs import cpu_seconds
 from bench.serve.report import write_json
 from bench.split import prompts, run_engine
 from services.scheduler.__main__ import parse_args as scheduler_args
-from services.scheduler.engine import Scheduler
-from services.scheduler.engine_build import build_engine
+from services.scheduler.core.scheduler import Scheduler
+from services.scheduler.transport.engine_build import build_engine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROFILES = ((60, 400), (600, 4000))  # (busy, period) in µs: both about 0.15 of a core

@@ -56,8 +56,8 @@ from bench.serve.client import new_session
 from bench.serve.report import write_json
 from services.launch import LocalStack, StackPorts
 from services.scheduler.__main__ import parse_args as scheduler_args
-from services.scheduler.engine import Scheduler
-from services.scheduler.engine_build import build_engine
+from services.scheduler.core.scheduler import Scheduler
+from services.scheduler.transport.engine_build import build_engine
 
 RESULTS = Path("bench/results")
 

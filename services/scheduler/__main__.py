@@ -13,15 +13,15 @@ from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.envs import env_default, parse_bool
 from services.common.grpc_server import GrpcProcess, wait_until
 from services.common.service_flags import parse_service_args, run_service, service_parser
-from services.scheduler.detokenizer_pusher import DetokenizerPusher
-from services.scheduler.engine_build import SchedulerProcessConfig, build_engine
-from services.scheduler.engine_client import EngineClient, RowSink
-from services.scheduler.engine_process import EngineLaunch
-from services.scheduler.engine_thread import EngineThread
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.model.dtype import AUTO, DTYPES
-from services.scheduler.server import SchedulerServicer
-from services.scheduler.stats import SchedulerStats
+from services.scheduler.core.stats import SchedulerStats
+from services.scheduler.model_executor.models.dtype import AUTO, DTYPES
+from services.scheduler.transport.detokenizer_pusher import DetokenizerPusher
+from services.scheduler.transport.engine_build import SchedulerProcessConfig, build_engine
+from services.scheduler.transport.engine_client import EngineClient, RowSink
+from services.scheduler.transport.engine_process import EngineLaunch
+from services.scheduler.transport.engine_thread import EngineThread
+from services.scheduler.transport.metrics import SchedulerMetrics
+from services.scheduler.transport.servicer import SchedulerServicer
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name

@@ -9,7 +9,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from services.scheduler.sample_kernel import HEADERS, SOURCES
+from services.scheduler.ops.cpu_kernels import HEADERS, SOURCES
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -28,8 +28,8 @@ from transformers import AutoTokenizer
 
 from gateway.config import GatewayConfig
 from services.launch import LocalStack
-from services.scheduler.model.config import ModelConfig
-from services.scheduler.model.dtype import AUTO, choose_dtype
+from services.scheduler.model_executor.models.config import ModelConfig
+from services.scheduler.model_executor.models.dtype import AUTO, choose_dtype
 from tests.waiting import eventually
 
 USER = [{"role": "user", "content": "Name three colours, please."}]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.scheduler.sample_kernel import SampleKernel, build, find_compiler, kernel_path
+from services.scheduler.ops.cpu_kernels import SampleKernel, build, find_compiler, kernel_path
 
 NO_COMPILER = "the kernels need a C++ compiler"
 needs_compiler = pytest.mark.skipif(find_compiler() is None, reason=NO_COMPILER)
