@@ -50,7 +50,7 @@ $(MODEL_DIR)/config.json: | $(STAMP)
 	$(PY) -m services.common.default_model --out $(MODEL_DIR)
 
 # The engine's compiled kernels for this machine, the sampler's and decode attention's
-# (sample_kernel.py): built once, kept while torch, the CPU and the sources are unchanged;
+# (services/scheduler/ops/cpu_kernels.py): built once, kept while torch, the CPU and the sources are unchanged;
 # where they cannot be built (no C++ compiler) the engine keeps its eager paths, so a
 # failure here stops nothing.
 kernels: $(MODEL_DIR)/config.json

@@ -1,7 +1,7 @@
 """SessionRoutes: which scheduler holds each session this frontend opened.
 
 A session's state (its tree of requests, the KV it pins) lives in one scheduler
-(services/scheduler/sessions.py); the frontend only routes. Every request of a session
+(services/scheduler/core/sessions.py); the frontend only routes. Every request of a session
 goes to the replica that holds it, never to the least-loaded one, and a session is
 reachable through the frontend that opened it: its lease on that replica bounds the
 session's life. When that lease ends the replica closes the session, and this frontend

@@ -117,7 +117,7 @@ def _at_least_one(text: str) -> int:
 
 
 async def serve(config: SchedulerProcessConfig) -> None:
-    # Forked first, before gRPC or anything else starts a thread (engine_process.py).
+    # Forked first, before gRPC or anything else starts a thread (transport/engine_process.py).
     launch = EngineLaunch(config) if config.engine == "process" else None
     process = GrpcProcess(
         host=config.host,

@@ -2,7 +2,7 @@
 
 The schedulers here are fakes that answer Attach only, beating with whatever load
 the test sets: this is a unit test of the router, the layer above them. The real
-scheduler's side of the lease is tested in tests/scheduler/test_server.py."""
+scheduler's side of the lease is tested in tests/scheduler/transport/test_servicer.py."""
 
 from __future__ import annotations
 

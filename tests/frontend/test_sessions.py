@@ -1,7 +1,7 @@
 """Session routing in the frontend (services/frontend/sessions.py, the TokenizerManager's
 dispatch) against two fake scheduler replicas: real grpc.aio servers on loopback that
 record what the frontend sends. The scheduler's side of sessions is tested against the
-real engine in tests/scheduler/test_sessions.py, and end to end in
+real engine in tests/scheduler/core/test_sessions.py, and end to end in
 tests/integration/test_sessions.py."""
 
 from __future__ import annotations

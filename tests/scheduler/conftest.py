@@ -1,5 +1,5 @@
-"""The engine's compiled kernels (sample_kernel.py), built once per test session with the
-machine's C++ compiler and loaded into this process."""
+"""The engine's compiled kernels (services/scheduler/ops/cpu_kernels.py), built once per
+test session with the machine's C++ compiler and loaded into this process."""
 
 from __future__ import annotations
 

@@ -2,10 +2,11 @@
 the RPC side validates against.
 
 Plain data and nothing live, so the same messages serve an engine on a thread
-(``engine_thread.py``) and one in its own process (``engine_process.py``, which sends
-them as Protobuf: ``engine_codec.py``). A
-command that needs an answer carries a ``ticket``; the engine answers it in an output
-and the RPC side (``engine_client.py``) resolves the caller's future.
+(``transport/engine_thread.py``) and one in its own process
+(``transport/engine_process.py``, which sends them as Protobuf:
+``transport/engine_codec.py``). A command that needs an answer carries a ``ticket``; the
+engine answers it in an output and the RPC side (``transport/engine_client.py``) resolves
+the caller's future.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The scheduler's per-request state: the ``Req`` state machine (waiting -> running ->
 finished | aborted) and the plain records it carries (``ReqTimes``, ``FinishInfo``,
-``DecodeFlags``). No protobuf here: ``protocol`` converts at the edge."""
+``DecodeFlags``). No protobuf here: ``transport.proto_codec`` converts at the edge."""
 
 from __future__ import annotations
 

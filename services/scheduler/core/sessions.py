@@ -15,7 +15,7 @@ parent's whole sequence cached and prefills only its new tokens. Closing the ses
 dropping a node) gives the locks back: the KV becomes an ordinary evictable prefix.
 
 Engine thread only, like the rest of the scheduler core; the scheduler is its only
-caller. No protobuf here: ``protocol`` converts ``SessionParams`` at the edge.
+caller. No protobuf here: ``transport.proto_codec`` converts ``SessionParams`` at the edge.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The engine's C++ kernels, built per machine: the sampler's for plain rows (greedy or
 temperature only) and decode attention (``csrc/decode_attention.cpp``, used by
-``attention/torch_backend.py``), compiled into one library.
+``model_executor/attention/torch_backend.py``), compiled into one library.
 
 A row sampled from the whole softmax (the OpenAI default: temperature only) would need every
 vocabulary entry's ``exp`` to find its inverse CDF. ``csrc/sample_rows.cpp`` draws each row

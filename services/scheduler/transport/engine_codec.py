@@ -1,6 +1,6 @@
-"""The engine boundary's messages (``engine_messages.py``) as Protobuf (``engine.proto``),
+"""The engine boundary's messages (``core/messages.py``) as Protobuf (``engine.proto``),
 for the pipe between the scheduler's gRPC process and its engine process. Every
-function here is one direction of one message; ``protocol.py`` does requests and rows."""
+function here is one direction of one message; ``proto_codec.py`` does requests and rows."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sessions in the scheduler core (services/scheduler/sessions.py) over the real default
+"""Sessions in the scheduler core (services/scheduler/core/sessions.py) over the real default
 model and radix cache: how a continuation's input is assembled, that its parent's whole
 sequence stays in KV (and is pinned there) until the session closes, and every refusal."""
 

@@ -5,7 +5,7 @@ batching, so they are padded into a single SDPA call with a key-padding mask.
 Requests that add several tokens (prefill chunks) run one SDPA call each: padding
 them together would waste work quadratic in the longest chunk.
 
-On CPU, when the engine's compiled kernels are loaded (``sample_kernel.py``), decode
+On CPU, when the engine's compiled kernels are loaded (``ops/cpu_kernels.py``), decode
 tokens go to ``torch.ops.tokenline.decode_attention`` instead, which reads each request's
 keys and values in place in the pool, without the padded gather and its float32 copy
 (README, "Scheduler engine", has what it measured).
@@ -68,7 +68,7 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def __init__(self) -> None:
-        # Set by the engine once its compiled kernels are loaded (engine_build.py).
+        # Set by the engine once its compiled kernels are loaded (transport/engine_build.py).
         self.decode_kernel = False
 
     def plan(self, batch: ForwardBatch) -> TorchAttentionMetadata:

@@ -1,6 +1,6 @@
 // Decode attention on CPU: one query token per request against its keys and values where
 // they lie in the KV pool. Built per machine with the sampler's kernel by
-// services/scheduler/sample_kernel.py; used by attention/torch_backend.py.
+// services/scheduler/ops/cpu_kernels.py; used by model_executor/attention/torch_backend.py.
 //
 // The SDPA path gathers every request's keys and values into a padded [B, S, kv_heads, D]
 // copy, converts it to float32 and runs torch's SDPA: for the small heads of the models

@@ -1,6 +1,6 @@
 // One token per row of the LM head's logits: the row's argmax where its inverse temperature
 // is 0 (greedy), else an exact draw from softmax(x * inv_temperature). Built per machine by
-// services/scheduler/sample_kernel.py.
+// services/scheduler/ops/cpu_kernels.py.
 //
 // Two exact ways to draw, both free of any full-row exp sum where they can be:
 //
