@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from services.scheduler.core.req import DecodeFlags, FinishInfo, LogprobEntry, Req, ReqTimes
+from services.scheduler.core.req import DecodeFlags, FinishInfo, Req, ReqTimes
 from services.scheduler.sampling.prompt_logprobs import PromptLogprob
+from services.scheduler.sampling.sampler import LogprobEntry
 
 # Prompt tokens sent with a request's first row so the detokenizer can seed its window
 # (a leading-space or byte-fallback token decodes differently without context).

@@ -1,26 +1,22 @@
 """The scheduler's per-request state: the ``Req`` state machine (waiting -> running ->
 finished | aborted) and the plain records it carries (``ReqTimes``, ``FinishInfo``,
-``DecodeFlags``). No protobuf here: ``transport.proto_codec`` converts at the edge."""
+``DecodeFlags``, ``SessionParams``). It composes the lower layers' per-request state
+(penalties, grammar, prompt logprobs, cache node), which know it only through the narrow
+protocols they declare. No protobuf here: ``transport.proto_codec`` converts at the edge."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from services.common.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from services.scheduler.core.sessions import SessionParams
-    from services.scheduler.mem_cache.radix_cache import TreeNode
-    from services.scheduler.sampling.grammar import RequestGrammar
-    from services.scheduler.sampling.logits_processor import PenaltyState
-    from services.scheduler.sampling.prompt_logprobs import PromptLogprobState
-
-# (sampled token id, its logprob, [(top token id, logprob), ...])
-LogprobEntry = tuple[int, float, list[tuple[int, float]]]
+from services.scheduler.mem_cache.radix_cache import TreeNode
+from services.scheduler.sampling.grammar import RequestGrammar
+from services.scheduler.sampling.logits_processor import PenaltyState
+from services.scheduler.sampling.prompt_logprobs import PromptLogprobState
+from services.scheduler.sampling.sampler import LogprobEntry
 
 
 class ReqStatus(enum.Enum):
@@ -48,6 +44,17 @@ class DecodeFlags:
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SessionParams:
+    """Which session a request belongs to and which of its requests it continues."""
+
+    id: str
+    rid: str = ""  # the parent; "" starts a new root (or, with replace, a new tree)
+    offset: int = 0  # keep the parent's first ``offset`` ids; 0 keeps them all
+    replace: bool = False
+    drop_previous_output: bool = False
 
 
 @dataclass(slots=True)

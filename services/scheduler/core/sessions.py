@@ -24,23 +24,12 @@ import logging
 from dataclasses import dataclass, field
 
 from services.common.errors import AlreadyExistsError, InvalidArgumentError
-from services.scheduler.core.req import Req, ReqStatus
+from services.scheduler.core.req import Req, ReqStatus, SessionParams
 from services.scheduler.mem_cache.kv_cache import KVCacheManager
 from services.scheduler.mem_cache.radix_cache import TreeNode
 from services.scheduler.model_executor.model_runner import ForwardPlan, ModelRunner
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class SessionParams:
-    """Which session a request belongs to and which of its requests it continues."""
-
-    id: str
-    rid: str = ""  # the parent; "" starts a new root (or, with replace, a new tree)
-    offset: int = 0  # keep the parent's first ``offset`` ids; 0 keeps them all
-    replace: bool = False
-    drop_previous_output: bool = False
 
 
 @dataclass(slots=True, eq=False)

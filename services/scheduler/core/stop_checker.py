@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
+from services.common.tokenizer import TailDecoder
 from services.scheduler.core.req import FinishInfo, Req
 
 # Enough trailing tokens to contain any stop string that ends in the newest
 # token: a token decodes to at least one byte, and a character to at most four.
 _TAIL_SLACK_TOKENS = 4
-
-
-class TailDecoder(Protocol):
-    """What a Hugging Face tokenizer's ``decode`` offers (a list of ids in, text out)."""
-
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str | list[str]: ...
 
 
 class StopChecker:

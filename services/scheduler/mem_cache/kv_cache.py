@@ -9,13 +9,30 @@ runs, ``free + evictable == total``.
 
 from __future__ import annotations
 
-from services.scheduler.core.req import Req
+from typing import Protocol
+
 from services.scheduler.mem_cache.kv_pool import KVPool
 from services.scheduler.mem_cache.radix_cache import RadixCache, TreeNode
 
 
+class CachedSequence(Protocol):
+    """What the manager reads and keeps of a sequence (the scheduler's ``Req`` is one): its
+    slots, the tree node and token count its cached prefix is locked at, and its tokens."""
+
+    kv_slots: list[int]
+    cache_node: TreeNode | None
+    num_tree_tokens: int
+
+    @property
+    def num_computed(self) -> int: ...
+
+    def token_slice(self, start: int, end: int) -> list[int]: ...
+
+    def max_prefix_len(self) -> int: ...
+
+
 class KVCacheManager:
-    """Owns the pairing of requests with slots; the scheduler is its only caller.
+    """Owns the pairing of sequences with slots; the scheduler is its only caller.
 
     With ``enable_prefix_cache=False`` nothing is shared: matches are empty and a
     released request's slots go straight back to the pool.
@@ -51,7 +68,7 @@ class KVCacheManager:
 
     # ---- request lifecycle -----------------------------------------------------
 
-    def match(self, req: Req) -> int:
+    def match(self, req: CachedSequence) -> int:
         """Attach the longest cached prefix of the request's tokens, locked; returns its length.
 
         At most ``req.max_prefix_len()`` tokens: at least one is left uncomputed (the
@@ -67,13 +84,13 @@ class KVCacheManager:
         req.num_tree_tokens = len(match.slots)
         return len(match.slots)
 
-    def unmatch(self, req: Req) -> None:
+    def unmatch(self, req: CachedSequence) -> None:
         """Undo ``match`` for a request that could not be admitted after all."""
         if self.tree is not None and req.cache_node is not None:
             self.tree.unlock(req.cache_node)
         self._detach(req)
 
-    def cache_prefix(self, req: Req) -> None:
+    def cache_prefix(self, req: CachedSequence) -> None:
         """Insert the request's computed KV into the tree while it keeps running.
 
         Duplicates of tokens the tree already held are freed and the request
@@ -90,7 +107,7 @@ class KVCacheManager:
         req.cache_node = match.node
         req.num_tree_tokens = len(match.slots)
 
-    def release(self, req: Req) -> None:
+    def release(self, req: CachedSequence) -> None:
         """Give up the request's KV: computed tokens stay cached (evictable), the rest is freed.
 
         Called when a request finishes, is aborted or is retracted; a retracted
@@ -103,7 +120,7 @@ class KVCacheManager:
             self._unlock(req)
         self._detach(req)
 
-    def pin(self, req: Req) -> TreeNode | None:
+    def pin(self, req: CachedSequence) -> TreeNode | None:
         """Cache every computed token of ``req`` and lock them once more, for a holder that
         outlives the request (a session): they stay cached after ``release`` until
         ``unpin``. None without a prefix cache (nothing can be kept)."""
@@ -126,19 +143,19 @@ class KVCacheManager:
 
     # ---- internals -------------------------------------------------------------
 
-    def _insert(self, req: Req, key: list[int]) -> None:
+    def _insert(self, req: CachedSequence, key: list[int]) -> None:
         assert self.tree is not None
         num_present = self.tree.insert(key, req.kv_slots[: len(key)])
         # Tokens the tree already held in other slots: our copies are duplicates.
         self.pool.free(req.kv_slots[req.num_tree_tokens : num_present])
 
-    def _unlock(self, req: Req) -> None:
+    def _unlock(self, req: CachedSequence) -> None:
         if self.tree is not None and req.cache_node is not None:
             self.tree.unlock(req.cache_node)
         req.cache_node = None
 
     @staticmethod
-    def _detach(req: Req) -> None:
+    def _detach(req: CachedSequence) -> None:
         req.kv_slots = []
         req.cache_node = None
         req.num_tree_tokens = 0

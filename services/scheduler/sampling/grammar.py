@@ -6,9 +6,10 @@ Three owners, one job each:
   vocabulary, on a worker thread of its own, so the engine thread never waits for a
   compile. The n choices of a request, and every later request with the same schema,
   share one compiled grammar.
-* ``RequestGrammar`` lives on a ``Req``: its compile future until that is done, then its
-  ``GrammarMatcher``, advanced by exactly the tokens the request keeps. A retracted request
-  keeps its output tokens, so its matcher stays where it is and resumes with it.
+* ``RequestGrammar`` lives on a request (``HasGrammar``): its compile future until that
+  is done, then its ``GrammarMatcher``, advanced by exactly the tokens the request keeps. A
+  retracted request keeps its output tokens, so its matcher stays where it is and resumes
+  with it.
 * ``GrammarMasker`` (the logits processor's) fills the allowed-token bitmask of every row
   with a grammar, beside the forward pass, and turns it into -inf on the logits before
   sampling, greedy rows included.
@@ -26,19 +27,17 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
 from services.common.grammar import GrammarError, build_grammar
 from services.common.sampling_params import GrammarSpec
-from services.scheduler.core.stop_checker import TailDecoder
+from services.common.tokenizer import TailDecoder
 
 if TYPE_CHECKING:
     import xgrammar
     from transformers import PreTrainedTokenizerBase
-
-    from services.scheduler.core.req import Req
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +173,13 @@ class NextTokenMask:
     additive: torch.Tensor | None
 
 
+class HasGrammar(Protocol):
+    """What the masker reads of a request (the scheduler's ``Req`` is one): its grammar."""
+
+    @property
+    def grammar(self) -> RequestGrammar | None: ...
+
+
 class GrammarMasker:
     """Sets to -inf every token a row's grammar does not allow next. Engine thread only.
 
@@ -191,9 +197,9 @@ class GrammarMasker:
         self._bitmask = torch.empty(0, 0, dtype=torch.int32)
         self._additive = torch.empty(0)
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: tuple[list[Req], Future[NextTokenMask]] | None = None
+        self._pending: tuple[list[HasGrammar], Future[NextTokenMask]] | None = None
 
-    def prefetch(self, reqs: Sequence[Req], vocab_size: int, device: torch.device) -> None:
+    def prefetch(self, reqs: Sequence[HasGrammar], vocab_size: int, device: torch.device) -> None:
         """Start building the mask of ``reqs``, the rows the next ``__call__`` will get.
         Until then nothing may advance their matchers (the engine samples after the forward)."""
         self._wait_pending()
@@ -205,7 +211,7 @@ class GrammarMasker:
         future = self._pool.submit(self.build, matchers, vocab_size, device.type == "cpu")
         self._pending = (list(reqs), future)
 
-    def __call__(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
+    def __call__(self, logits: torch.Tensor, reqs: Sequence[HasGrammar]) -> None:
         pending = self._pending
         if pending is None and not any(r.grammar is not None for r in reqs):
             return  # the common case costs one scan of the batch
@@ -271,9 +277,9 @@ class GrammarMasker:
         return future.result()
 
 
-def _matchers(reqs: Sequence[Req]) -> list[xgrammar.GrammarMatcher]:
+def _matchers(reqs: Sequence[HasGrammar]) -> list[xgrammar.GrammarMatcher]:
     return [r.grammar.matcher for r in reqs if r.grammar is not None and r.grammar.matcher]
 
 
-def _same_rows(a: Sequence[Req], b: Sequence[Req]) -> bool:
+def _same_rows(a: Sequence[HasGrammar], b: Sequence[HasGrammar]) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))

@@ -13,12 +13,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from services.common.sampling_params import SamplingParams
-from services.scheduler.core.req import Req
-from services.scheduler.sampling.grammar import GrammarMasker
+from services.scheduler.sampling.grammar import GrammarMasker, HasGrammar
+
+
+class TokenHistory(Protocol):
+    """A request's tokens so far, as ``PenaltyState.create`` reads them."""
+
+    @property
+    def input_ids(self) -> list[int]: ...
+
+    @property
+    def output_ids(self) -> list[int]: ...
 
 
 @dataclass(slots=True)
@@ -29,7 +39,7 @@ class PenaltyState:
     prompt_mask: torch.Tensor  # [V] bool: tokens in the prompt (the repetition penalty sees them)
 
     @classmethod
-    def create(cls, req: Req, vocab_size: int, device: torch.device) -> PenaltyState:
+    def create(cls, req: TokenHistory, vocab_size: int, device: torch.device) -> PenaltyState:
         counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
         if req.output_ids:  # created late, e.g. in a unit test: catch up
             ids = index_tensor(req.output_ids, device)
@@ -37,6 +47,16 @@ class PenaltyState:
         prompt_mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
         prompt_mask[index_tensor(req.input_ids, device)] = True
         return cls(counts, prompt_mask)
+
+
+class PenalizedRequest(TokenHistory, HasGrammar, Protocol):
+    """What the logit edits read of a request (the scheduler's ``Req`` is one); they keep
+    its ``PenaltyState`` on it."""
+
+    penalties: PenaltyState | None
+
+    @property
+    def params(self) -> SamplingParams: ...
 
 
 def has_penalties(params: SamplingParams) -> bool:
@@ -54,14 +74,14 @@ class LogitsProcessor:
         self.eos_token_ids = sorted(eos_token_ids)
         self.grammar_mask = GrammarMasker()
 
-    def __call__(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
+    def __call__(self, logits: torch.Tensor, reqs: Sequence[PenalizedRequest]) -> None:
         self._apply_penalties(logits, reqs)
         self._apply_logit_bias(logits, reqs)
         self._mask_stops_before_min_tokens(logits, reqs)
         self.grammar_mask(logits, reqs)
 
     @staticmethod
-    def edits(req: Req) -> bool:
+    def edits(req: PenalizedRequest) -> bool:
         """Whether this step's ``__call__`` may change the request's row."""
         params = req.params
         return (
@@ -71,7 +91,7 @@ class LogitsProcessor:
             or req.grammar is not None
         )
 
-    def record(self, reqs: Sequence[Req], token_ids: Sequence[int]) -> None:
+    def record(self, reqs: Sequence[PenalizedRequest], token_ids: Sequence[int]) -> None:
         """Count each request's newly sampled token for its later penalties, and advance
         its grammar by it."""
         for req, token in zip(reqs, token_ids, strict=True):
@@ -80,7 +100,7 @@ class LogitsProcessor:
             if req.grammar is not None:
                 req.grammar.accept(token)
 
-    def _apply_penalties(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
+    def _apply_penalties(self, logits: torch.Tensor, reqs: Sequence[PenalizedRequest]) -> None:
         rows = [i for i, r in enumerate(reqs) if has_penalties(r.params)]
         if not rows:
             return
@@ -108,7 +128,7 @@ class LogitsProcessor:
         logits[index] = sub
 
     @staticmethod
-    def _apply_logit_bias(logits: torch.Tensor, reqs: Sequence[Req]) -> None:
+    def _apply_logit_bias(logits: torch.Tensor, reqs: Sequence[PenalizedRequest]) -> None:
         rows, tokens, biases = [], [], []
         for i, req in enumerate(reqs):
             for token, bias in req.params.logit_bias.items():
@@ -122,7 +142,9 @@ class LogitsProcessor:
                 (index_tensor(rows, device), index_tensor(tokens, device)), values, accumulate=True
             )
 
-    def _mask_stops_before_min_tokens(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
+    def _mask_stops_before_min_tokens(
+        self, logits: torch.Tensor, reqs: Sequence[PenalizedRequest]
+    ) -> None:
         """Until a request has ``min_new_tokens`` outputs, nothing may end it: its stop token
         ids and (unless ``ignore_eos``) EOS get probability zero."""
         rows, tokens = [], []

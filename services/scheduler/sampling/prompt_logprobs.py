@@ -19,14 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from services.common.errors import InvalidArgumentError
-
-if TYPE_CHECKING:
-    from services.scheduler.core.req import Req
 
 ROWS_PER_PASS = 256
 """Hidden rows per LM-head pass: bounds a pass's logits to 256 x vocab float32."""
@@ -150,8 +147,18 @@ def score_rows(
     return out
 
 
+class PromptScoredRequest(Protocol):
+    """What span planning reads of a request (the scheduler's ``Req`` is one)."""
+
+    @property
+    def input_ids(self) -> list[int]: ...
+
+    @property
+    def prompt_logprobs(self) -> PromptLogprobState | None: ...
+
+
 def plan_spans(
-    reqs: Sequence[Req], prefix_lens: Sequence[int], chunks: Sequence[Sequence[int]]
+    reqs: Sequence[PromptScoredRequest], prefix_lens: Sequence[int], chunks: Sequence[Sequence[int]]
 ) -> list[PromptSpan]:
     """The rows one step must score: for each request still gathering prompt logprobs,
     the part of its chunk whose logits score positions it has not scored yet."""
@@ -166,7 +173,9 @@ def plan_spans(
 
 
 def record_spans(
-    reqs: Sequence[Req], spans: Sequence[PromptSpan], scored: Sequence[list[PromptLogprob]]
+    reqs: Sequence[PromptScoredRequest],
+    spans: Sequence[PromptSpan],
+    scored: Sequence[list[PromptLogprob]],
 ) -> None:
     """Add each span's entries to its request (``plan_spans`` made the spans from it)."""
     for span, entries in zip(spans, scored, strict=True):

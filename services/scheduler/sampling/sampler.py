@@ -15,20 +15,41 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from services.common.sampling_params import SamplingParams
-from services.scheduler.core.req import LogprobEntry, Req
 from services.scheduler.ops.cpu_kernels import SampleKernel
-from services.scheduler.sampling.logits_processor import LogitsProcessor, index_tensor
+from services.scheduler.sampling.logits_processor import (
+    LogitsProcessor,
+    PenalizedRequest,
+    index_tensor,
+)
 from services.scheduler.sampling.row_argmax import BLOCK, argmax_rows
 
 CANDIDATE_CAP = 1024
 """Candidates a top-p row without top-k starts from (a peaked nucleus fits easily)."""
 _NUM_BINS = 1024  # log-probability bins that locate a wide top-p nucleus's edge
 _TINY = torch.finfo(torch.float32).tiny
+
+# (sampled token id, its logprob, [(top token id, logprob), ...])
+LogprobEntry = tuple[int, float, list[tuple[int, float]]]
+
+
+class SampledRequest(PenalizedRequest, Protocol):
+    """What the sampler reads of a request (the scheduler's ``Req`` is one), beside what
+    the logit edits read."""
+
+    @property
+    def generator(self) -> torch.Generator | None: ...
+
+    @property
+    def return_logprob(self) -> bool: ...
+
+    @property
+    def top_logprobs_num(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -136,12 +157,14 @@ class Sampler:
         self._default_generator = torch.Generator(device=device)
         self._default_generator.seed()
 
-    def prepare(self, reqs: Sequence[Req], vocab_size: int, device: torch.device) -> None:
+    def prepare(
+        self, reqs: Sequence[SampledRequest], vocab_size: int, device: torch.device
+    ) -> None:
         """Start what the next ``sample(logits, reqs)`` needs and the logits do not (the
         grammar masks), so it runs beside the forward pass. Nothing when no row has one."""
         self.processor.grammar_mask.prefetch(reqs, vocab_size, device)
 
-    def sample(self, logits: torch.Tensor, reqs: Sequence[Req]) -> SampleOutput:
+    def sample(self, logits: torch.Tensor, reqs: Sequence[SampledRequest]) -> SampleOutput:
         """One token per row of ``logits`` (consumed: edited in place when float32).
 
         A batch of plain rows (greedy or temperature-only, no logprobs, nothing to edit)
@@ -172,7 +195,9 @@ class Sampler:
                 logprobs[i] = entry
         return SampleOutput(token_ids, logprobs)
 
-    def _choose_plain(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor | None:
+    def _choose_plain(
+        self, logits: torch.Tensor, reqs: Sequence[SampledRequest]
+    ) -> torch.Tensor | None:
         """Plain rows in the model's dtype, all in one call of the compiled kernel; without
         it an all-greedy batch takes ``argmax_rows`` and any other returns None, for the
         float32 path.
@@ -200,7 +225,7 @@ class Sampler:
             seed,
         )
 
-    def candidates(self, logits: torch.Tensor, reqs: Sequence[Req]) -> list[Candidates]:
+    def candidates(self, logits: torch.Tensor, reqs: Sequence[SampledRequest]) -> list[Candidates]:
         """What every sampled (non-greedy) row draws from, in groups with disjoint rows:
         rows without top-k / top-p over the whole vocabulary, the others by candidate count."""
         vocab = logits.shape[-1]
@@ -215,7 +240,7 @@ class Sampler:
             groups += _top_candidates(logits, reqs, by_count[count], count)
         return groups
 
-    def _choose(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
+    def _choose(self, logits: torch.Tensor, reqs: Sequence[SampledRequest]) -> torch.Tensor:
         device = logits.device
         tokens = torch.zeros(len(reqs), dtype=torch.int64, device=device)
         greedy = [i for i, r in enumerate(reqs) if r.params.is_greedy]
@@ -230,7 +255,7 @@ class Sampler:
                 tokens[index] = group.draw(uniforms[index], top)
         return tokens
 
-    def _uniforms(self, reqs: Sequence[Req], device: torch.device) -> torch.Tensor:
+    def _uniforms(self, reqs: Sequence[SampledRequest], device: torch.device) -> torch.Tensor:
         """U[0, 1) per sampled row (0 for greedy rows): seeded rows from their own
         generator, the rest together from the sampler's."""
         uniforms = torch.zeros(len(reqs), device=device)
@@ -244,14 +269,14 @@ class Sampler:
         return uniforms
 
 
-def _own_uniform(req: Req) -> torch.Tensor:
+def _own_uniform(req: SampledRequest) -> torch.Tensor:
     """A seeded request's U[0, 1) for this step, [1] from its own generator: the one draw
     both the kernel and the float32 path take, so its tokens do not depend on the path."""
     assert req.generator is not None
     return torch.rand(1, generator=req.generator, device=req.generator.device)
 
 
-def _is_plain(req: Req, vocab: int) -> bool:
+def _is_plain(req: SampledRequest, vocab: int) -> bool:
     """Nothing but an argmax or a temperature draw over the whole row: no logprobs, no
     edits, no top-k / top-p / min-p."""
     params = req.params
@@ -288,14 +313,16 @@ def _over_temperature(
 
 
 def _row_values(
-    reqs: Sequence[Req], rows: list[int], name: str, device: torch.device
+    reqs: Sequence[SampledRequest], rows: list[int], name: str, device: torch.device
 ) -> torch.Tensor:
     """One float parameter per row, shaped [len(rows), 1] to broadcast over candidates."""
     values = [getattr(reqs[i].params, name) for i in rows]
     return torch.tensor(values, device=device).unsqueeze(1)
 
 
-def _dense_candidates(logits: torch.Tensor, reqs: Sequence[Req], rows: list[int]) -> Candidates:
+def _dense_candidates(
+    logits: torch.Tensor, reqs: Sequence[SampledRequest], rows: list[int]
+) -> Candidates:
     """Rows with neither top-k nor top-p: the whole row, as ``softmax(x / T)``.
 
     Torch's softmax, written over ``logits`` (consumed), so no [B, V] buffer is allocated.
@@ -314,7 +341,7 @@ def _dense_candidates(logits: torch.Tensor, reqs: Sequence[Req], rows: list[int]
 
 
 def _top_candidates(
-    logits: torch.Tensor, reqs: Sequence[Req], rows: list[int], count: int
+    logits: torch.Tensor, reqs: Sequence[SampledRequest], rows: list[int], count: int
 ) -> list[Candidates]:
     """Rows sharing a candidate count: their ``count`` largest logits, sorted descending.
 
@@ -341,7 +368,9 @@ def _top_candidates(
     return groups
 
 
-def _wide_nucleus(logits: torch.Tensor, reqs: Sequence[Req], rows: list[int]) -> Candidates:
+def _wide_nucleus(
+    logits: torch.Tensor, reqs: Sequence[SampledRequest], rows: list[int]
+) -> Candidates:
     """Top-p rows whose nucleus is wider than their candidates (near-flat distributions),
     over the whole row and without sorting it: see ``nucleus_mask``."""
     temperatures = [reqs[i].params.temperature for i in rows]
@@ -379,7 +408,11 @@ def nucleus_mask(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 
 
 def _candidate_probs(
-    logits: torch.Tensor, reqs: Sequence[Req], rows: list[int], count: int, is_p_only: list[bool]
+    logits: torch.Tensor,
+    reqs: Sequence[SampledRequest],
+    rows: list[int],
+    count: int,
+    is_p_only: list[bool],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Probabilities and token ids of each row's ``count`` largest logits (temperature keeps
     their order). A top-k row's softmax is over its k kept logits, a top-p-only row's over
@@ -409,7 +442,7 @@ def _nucleus(
 
 
 def _logprob_entries(
-    logprobs: torch.Tensor, tokens: torch.Tensor, rows: list[int], reqs: Sequence[Req]
+    logprobs: torch.Tensor, tokens: torch.Tensor, rows: list[int], reqs: Sequence[SampledRequest]
 ) -> list[LogprobEntry]:
     """(token, logprob, top list) per row, with one device->host copy for the batch."""
     chosen = tokens[index_tensor(rows, tokens.device)]

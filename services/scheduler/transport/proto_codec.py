@@ -10,8 +10,7 @@ from tokenline.v1 import common_pb2, scheduler_pb2
 
 from services.common.sampling_params import SamplingParams
 from services.scheduler.core.output_row import OutputRow, RowInit
-from services.scheduler.core.req import DecodeFlags, FinishInfo, Req, ReqTimes
-from services.scheduler.core.sessions import SessionParams
+from services.scheduler.core.req import DecodeFlags, FinishInfo, Req, ReqTimes, SessionParams
 from services.scheduler.sampling.prompt_logprobs import PromptLogprob, PromptLogprobState
 
 _FINISH_KINDS = {

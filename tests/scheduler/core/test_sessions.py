@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from services.common.errors import AlreadyExistsError, InvalidArgumentError
-from services.scheduler.core.req import Req
+from services.scheduler.core.req import Req, SessionParams
 from services.scheduler.core.scheduler import Scheduler
-from services.scheduler.core.sessions import SessionParams
 from services.scheduler.transport.engine_thread import EngineThread
 from tests.scheduler.factories import (
     assert_kv_conserved,

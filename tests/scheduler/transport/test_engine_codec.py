@@ -21,8 +21,7 @@ from services.scheduler.core.messages import (
     FlushOutcome,
     OpenSessionCommand,
 )
-from services.scheduler.core.req import DecodeFlags, Req, ReqTimes
-from services.scheduler.core.sessions import SessionParams
+from services.scheduler.core.req import DecodeFlags, Req, ReqTimes, SessionParams
 from services.scheduler.sampling.prompt_logprobs import PromptLogprobState
 from services.scheduler.transport.engine_codec import (
     decode_command,

@@ -23,7 +23,7 @@ from tokenline.v1 import scheduler_pb2
 from services.common.errors import InvalidArgumentError
 from services.scheduler.__main__ import parse_args
 from services.scheduler.core.output_row import OutputRow
-from services.scheduler.core.sessions import SessionParams
+from services.scheduler.core.req import SessionParams
 from services.scheduler.transport.engine_process import EngineLaunch, EngineProcess
 from services.scheduler.transport.proto_codec import row_from_pb
 from tests.scheduler.factories import make_req, make_scheduler
