@@ -21,8 +21,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.client import StreamCall, until_disconnected
 from gateway.errors import GatewayError, from_rpc_error
+from gateway.render.text_frames import Frame, TextFrames, TextSlot
 from gateway.responses import JsonBody
-from gateway.text_frames import Frame, TextFrames, TextSlot
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from services.common.deadlines import ENGINE_ANSWER_RPC_TIMEOUT_S
 from services.frontend.__main__ import parse_args
-from services.frontend.add_request_batcher import AddRequestBatcher, may_have_reached
+from services.frontend.dispatch.add_request_batcher import AddRequestBatcher, may_have_reached
 
 
 class FakeScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from services.frontend.batch_tokenizer import DynamicBatchTokenizer
+from services.frontend.dispatch.batch_tokenizer import DynamicBatchTokenizer
 
 
 def prompts(count: int) -> list[str]:

@@ -14,8 +14,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from services.common.errors import InvalidArgumentError
 from services.common.tokenizer import load_tokenizer
-from services.frontend.chat_messages import chat_input
-from services.frontend.chat_template import ChatTemplate, loses_control_tokens
+from services.frontend.chat.messages import chat_input
+from services.frontend.chat.template import ChatTemplate, loses_control_tokens
 
 WEATHER_TOOL = {
     "type": "function",

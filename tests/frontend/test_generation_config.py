@@ -12,7 +12,7 @@ import pytest
 
 from services.common.sampling_params import SamplingDefaults
 from services.frontend.__main__ import parse_args
-from services.frontend.generation_config import (
+from services.frontend.validation.generation_config import (
     GenerationDefaults,
     load_generation_defaults,
     log_generation_defaults,
@@ -84,7 +84,7 @@ def test_a_bad_value_stops_the_start_naming_file_and_field(
 
 def test_the_applied_defaults_are_logged(caplog: pytest.LogCaptureFixture) -> None:
     defaults = GenerationDefaults(SamplingDefaults(top_k=20), max_new_tokens=64)
-    with caplog.at_level(logging.INFO, logger="services.frontend.generation_config"):
+    with caplog.at_level(logging.INFO, logger="services.frontend.validation.generation_config"):
         log_generation_defaults(defaults, "auto")
     assert "'top_k': 20" in caplog.text and "'max_tokens': 64" in caplog.text
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.frontend.operations import is_label_of
+from services.frontend.serving.operations import is_label_of
 
 
 @pytest.mark.parametrize(

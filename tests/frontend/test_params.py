@@ -13,8 +13,8 @@ from transformers import PreTrainedTokenizerBase
 
 from services.common.errors import InvalidArgumentError
 from services.common.sampling_params import SamplingDefaults
-from services.frontend.limits import ModelLimits, load_model_limits, model_stop_token_ids
-from services.frontend.params import (
+from services.frontend.validation.limits import ModelLimits, load_model_limits, model_stop_token_ids
+from services.frontend.validation.params import (
     check_sampling,
     fit_prompt,
     params_from_native,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from services.frontend.reasoning_parsers import (
+from services.frontend.parsers.reasoning import (
     DeepSeekR1Parser,
     Qwen3Parser,
     ReasoningDelta,

@@ -8,7 +8,7 @@ import pytest
 from tokenline.v1 import common_pb2, detokenizer_pb2
 
 from services.common.errors import AlreadyExistsError
-from services.frontend.request_state import (
+from services.frontend.dispatch.request_state import (
     ChoiceNews,
     ReqStage,
     ReqState,

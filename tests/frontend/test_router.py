@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import grpc
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-from services.frontend.router import SchedulerRouter
+from services.frontend.dispatch.router import SchedulerRouter
 from tests.waiting import eventually
 
 

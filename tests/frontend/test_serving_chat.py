@@ -21,18 +21,18 @@ from tokenline.v1 import common_pb2, detokenizer_pb2, openai_pb2
 from transformers import PreTrainedTokenizerBase
 
 from services.common.errors import InvalidArgumentError
-from services.frontend.batch_tokenizer import DynamicBatchTokenizer
-from services.frontend.chat_template import ChatTemplate
-from services.frontend.limits import ModelLimits
-from services.frontend.reasoning_parsers import (
+from services.frontend.chat.template import ChatTemplate
+from services.frontend.dispatch.batch_tokenizer import DynamicBatchTokenizer
+from services.frontend.dispatch.tokenizer_manager import TokenizedRequest
+from services.frontend.parsers.reasoning import (
     DeepSeekR1Parser,
     Qwen3Parser,
     ReasoningParser,
 )
-from services.frontend.serving_base import ServingContext
-from services.frontend.serving_chat import ChatServing
-from services.frontend.tokenizer_manager import TokenizedRequest
-from services.frontend.tool_parsers import DeepSeekV31Parser, HermesParser, ToolParser
+from services.frontend.parsers.tool_calls import DeepSeekV31Parser, HermesParser, ToolParser
+from services.frontend.serving.base import ServingContext
+from services.frontend.serving.chat import ChatServing
+from services.frontend.validation.limits import ModelLimits
 
 WEATHER = {
     "type": "function",

@@ -13,9 +13,13 @@ from tokenline.v1 import common_pb2, openai_pb2
 
 from services.common.errors import InvalidArgumentError
 from services.common.grammar import choice_ebnf
-from services.frontend.limits import ModelLimits
-from services.frontend.params import check_sampling, params_from_native, params_from_openai
-from services.frontend.structured_output import JSON_OBJECT_SCHEMA, GrammarChecker
+from services.frontend.validation.limits import ModelLimits
+from services.frontend.validation.params import (
+    check_sampling,
+    params_from_native,
+    params_from_openai,
+)
+from services.frontend.validation.structured_output import JSON_OBJECT_SCHEMA, GrammarChecker
 from tests.structured_cases import PERSON_SCHEMA
 
 LIMITS = ModelLimits(vocab_size=1000, context_length=100, default_max_tokens=30)

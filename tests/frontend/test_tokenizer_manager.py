@@ -25,8 +25,8 @@ from tokenline.v1 import (
 
 from services.common.errors import AlreadyExistsError, UnavailableError, field_of
 from services.common.sampling_params import SamplingParams
-from services.frontend.request_state import ReqStage
-from services.frontend.tokenizer_manager import TokenizedRequest, TokenizerManager
+from services.frontend.dispatch.request_state import ReqStage
+from services.frontend.dispatch.tokenizer_manager import TokenizedRequest, TokenizerManager
 from tests.waiting import eventually
 
 

@@ -16,16 +16,16 @@ from xgrammar.testing import _is_grammar_accept_string
 
 from services.common.errors import InvalidArgumentError
 from services.common.grammar import structural_tag_ebnf
-from services.frontend.chat_messages import ChatInput
-from services.frontend.params import RequestedParams, params_from_openai
-from services.frontend.tool_choice import (
+from services.frontend.chat.messages import ChatInput
+from services.frontend.parsers.tool_calls import TOOL_PARSERS, HermesParser, ToolParser
+from services.frontend.serving.tool_choice import (
     ReasoningLead,
     ToolChoice,
     ToolGrammars,
     plan_tool_calls,
     structural_tag,
 )
-from services.frontend.tool_parsers import TOOL_PARSERS, HermesParser, ToolParser
+from services.frontend.validation.params import RequestedParams, params_from_openai
 from tests.frontend.test_structured_output import sampling
 
 WEATHER: dict[str, Any] = {

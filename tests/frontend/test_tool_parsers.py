@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from services.frontend.tool_parsers import (
+from services.frontend.parsers.tool_calls import (
     TOOL_PARSERS,
     DeepSeekV31Parser,
     HermesParser,

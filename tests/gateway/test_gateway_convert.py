@@ -15,7 +15,7 @@ from gateway.convert import (
     generate_request_to_proto,
 )
 from gateway.errors import GatewayError, error_body, param_from_loc
-from gateway.render import (
+from gateway.render.openai import (
     chat_chunk,
     chat_completion_to_dict,
     completion_to_dict,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from tokenline.v1 import common_pb2, generate_pb2
 
-from gateway.render_generate import GenerateRenderer, GenerateView, input_logprobs
+from gateway.render.generate import GenerateRenderer, GenerateView, input_logprobs
 from gateway.responses import GenerateOutput, GenerateResponse
 from gateway.schemas import GenerateBody
 

@@ -21,23 +21,23 @@ from transformers import PreTrainedTokenizerBase
 
 from services.common.errors import InvalidArgumentError, NotFoundError
 from services.common.sampling_params import SamplingDefaults
-from services.frontend.batch_tokenizer import DynamicBatchTokenizer
-from services.frontend.chat_template import ChatTemplate
-from services.frontend.limits import ModelLimits
-from services.frontend.output import ChoiceAccumulator, LogprobFormatter
-from services.frontend.params import (
+from services.frontend.chat.template import ChatTemplate
+from services.frontend.dispatch.batch_tokenizer import DynamicBatchTokenizer
+from services.frontend.dispatch.tokenizer_manager import TokenizedRequest, TokenizerManager
+from services.frontend.parsers.reasoning import ReasoningParser
+from services.frontend.parsers.tool_calls import ToolParser
+from services.frontend.serving.output import ChoiceAccumulator, LogprobFormatter
+from services.frontend.serving.tool_choice import ToolGrammars
+from services.frontend.validation.limits import ModelLimits
+from services.frontend.validation.params import (
     FittedPrompt,
     RequestedParams,
     check_sampling,
     fit_prompt,
     params_from_openai,
 )
-from services.frontend.prompt_logprobs import check_start_len
-from services.frontend.reasoning_parsers import ReasoningParser
-from services.frontend.structured_output import GrammarChecker
-from services.frontend.tokenizer_manager import TokenizedRequest, TokenizerManager
-from services.frontend.tool_choice import ToolGrammars
-from services.frontend.tool_parsers import ToolParser
+from services.frontend.validation.prompt_logprobs import check_start_len
+from services.frontend.validation.structured_output import GrammarChecker
 
 logger = logging.getLogger(__name__)
 

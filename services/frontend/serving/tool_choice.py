@@ -25,11 +25,11 @@ from typing import Any, Literal
 
 from services.common.errors import InvalidArgumentError
 from services.common.grammar import JSON_MAX_WHITESPACE, GrammarError, structural_tag_ebnf
-from services.frontend.chat_messages import ChatInput
-from services.frontend.params import RequestedParams
-from services.frontend.reasoning_parsers import THINK_END, THINK_START
-from services.frontend.structured_output import BuildCache
-from services.frontend.tool_parsers import ToolParser
+from services.frontend.chat.messages import ChatInput
+from services.frontend.parsers.reasoning import THINK_END, THINK_START
+from services.frontend.parsers.tool_calls import ToolParser
+from services.frontend.validation.params import RequestedParams
+from services.frontend.validation.structured_output import BuildCache
 
 Mode = Literal["none", "auto", "required", "named"]
 # Reasoning before the calls: none, an optional <think> block, or up to </think>.

@@ -21,7 +21,7 @@ import jinja2
 from transformers import PreTrainedTokenizerBase
 
 from services.common.errors import InvalidArgumentError
-from services.frontend.chat_messages import ChatInput, ContentFormat
+from services.frontend.chat.messages import ChatInput, ContentFormat
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from tokenline.v1 import common_pb2, frontend_pb2, scheduler_pb2
 from services.common.deadlines import ENGINE_ANSWER_RPC_TIMEOUT_S
 from services.common.errors import InvalidArgumentError, UnavailableError
 from services.common.version import package_version
-from services.frontend.request_state import ReqState
-from services.frontend.serving_base import ServingContext
+from services.frontend.dispatch.request_state import ReqState
+from services.frontend.serving.base import ServingContext
 
 logger = logging.getLogger(__name__)
 

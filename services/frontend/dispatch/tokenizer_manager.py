@@ -33,10 +33,10 @@ from services.common.deadlines import ENGINE_ANSWER_RPC_TIMEOUT_S
 from services.common.errors import SCHEDULER_STREAM_ENDED, UnavailableError
 from services.common.sampling_params import SamplingParams
 from services.common.tls import TlsSettings, open_channel
-from services.frontend.add_request_batcher import AddRequestBatcher, may_have_reached
-from services.frontend.request_state import ChoiceNews, ReqStage, ReqState, ReqStateTable
-from services.frontend.router import SchedulerRouter
-from services.frontend.sessions import SessionRoutes
+from services.frontend.dispatch.add_request_batcher import AddRequestBatcher, may_have_reached
+from services.frontend.dispatch.request_state import ChoiceNews, ReqStage, ReqState, ReqStateTable
+from services.frontend.dispatch.router import SchedulerRouter
+from services.frontend.dispatch.sessions import SessionRoutes
 
 logger = logging.getLogger(__name__)
 

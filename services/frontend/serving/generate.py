@@ -19,11 +19,11 @@ from contextlib import aclosing
 from tokenline.v1 import common_pb2, generate_pb2, session_pb2
 
 from services.common.errors import InvalidArgumentError
-from services.frontend.output import ChoiceAccumulator
-from services.frontend.params import check_sampling, params_from_native
-from services.frontend.prompt_logprobs import MAX_PROMPT_LOGPROBS, add_token_texts
-from services.frontend.serving_base import LogprobRequest, ServingBase, new_times
-from services.frontend.tokenizer_manager import TokenizedRequest
+from services.frontend.dispatch.tokenizer_manager import TokenizedRequest
+from services.frontend.serving.base import LogprobRequest, ServingBase, new_times
+from services.frontend.serving.output import ChoiceAccumulator
+from services.frontend.validation.params import check_sampling, params_from_native
+from services.frontend.validation.prompt_logprobs import MAX_PROMPT_LOGPROBS, add_token_texts
 
 
 class GenerateServing(ServingBase):

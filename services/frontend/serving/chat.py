@@ -11,20 +11,20 @@ from dataclasses import dataclass
 from tokenline.v1 import common_pb2, detokenizer_pb2, openai_pb2
 
 from services.common.errors import InvalidArgumentError, UnavailableError
-from services.frontend.chat_messages import ChatInput, chat_input
-from services.frontend.chat_output import (
+from services.frontend.chat.messages import ChatInput, chat_input
+from services.frontend.chat.template import ChatTemplate
+from services.frontend.dispatch.tokenizer_manager import TokenizedRequest
+from services.frontend.serving.base import LogprobRequest, ServingBase, new_times
+from services.frontend.serving.chat_output import (
     ChatParsing,
     ChatPieces,
     fill_delta,
     fill_message,
     set_reasoning_tokens,
 )
-from services.frontend.chat_template import ChatTemplate
-from services.frontend.output import UnsentTokenIds, set_matched_stop, usage_of
-from services.frontend.prompt_logprobs import prompt_logprobs_top, with_texts
-from services.frontend.serving_base import LogprobRequest, ServingBase, new_times
-from services.frontend.tokenizer_manager import TokenizedRequest
-from services.frontend.tool_choice import ReasoningLead, plan_tool_calls
+from services.frontend.serving.output import UnsentTokenIds, set_matched_stop, usage_of
+from services.frontend.serving.tool_choice import ReasoningLead, plan_tool_calls
+from services.frontend.validation.prompt_logprobs import prompt_logprobs_top, with_texts
 
 
 @dataclass(slots=True)

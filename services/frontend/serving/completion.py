@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from tokenline.v1 import common_pb2, openai_pb2
 
 from services.common.errors import InvalidArgumentError
-from services.frontend.output import (
+from services.frontend.dispatch.tokenizer_manager import TokenizedRequest
+from services.frontend.serving.base import LogprobRequest, ServingBase, new_times
+from services.frontend.serving.output import (
     UnsentTokenIds,
     finish_name,
     set_matched_stop,
 )
-from services.frontend.prompt_logprobs import prompt_logprobs_top, with_texts
-from services.frontend.serving_base import LogprobRequest, ServingBase, new_times
-from services.frontend.tokenizer_manager import TokenizedRequest
+from services.frontend.validation.prompt_logprobs import prompt_logprobs_top, with_texts
 
 
 @dataclass(slots=True)

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 
 from tokenline.v1 import common_pb2, openai_pb2
 
-from services.frontend.output import finish_name
-from services.frontend.reasoning_parsers import (
+from services.frontend.parsers.reasoning import (
     ReasoningDelta,
     ReasoningParser,
     num_reasoning_tokens,
 )
-from services.frontend.tool_parsers import ToolCallDelta, ToolParser, merge_calls
+from services.frontend.parsers.tool_calls import ToolCallDelta, ToolParser, merge_calls
+from services.frontend.serving.output import finish_name
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,8 @@ from tokenline.v1 import common_pb2, openai_pb2
 
 from services.common.errors import InvalidArgumentError
 from services.common.sampling_params import SamplingDefaults, SamplingParams
-from services.frontend.limits import ModelLimits
-from services.frontend.structured_output import apply_openai_structured_output
+from services.frontend.validation.limits import ModelLimits
+from services.frontend.validation.structured_output import apply_openai_structured_output
 
 MAX_PRIORITY = 2**31 - 1  # int32 on the wire, and its negation must be one too
 

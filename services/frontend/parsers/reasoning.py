@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from services.frontend.tool_parsers import held_prefix
+from services.frontend.parsers.tool_calls import held_prefix
 
 THINK_START = "<think>"
 THINK_END = "</think>"
