@@ -1,7 +1,7 @@
 """Native routes: /generate (SGLang's JSON), tokenize, health (shallow and deep), metrics.
 
 The other operator routes (version, model and server info, flush, abort) are in
-gateway/routes_ops.py."""
+gateway/routes/ops.py."""
 
 from __future__ import annotations
 

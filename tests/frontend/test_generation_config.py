@@ -1,4 +1,4 @@
-"""generation_config.json sampling defaults (services/frontend/generation_config.py); the
+"""generation_config.json sampling defaults (services/frontend/validation/generation_config.py); the
 live check that they reach requests is tests/integration/test_vllm_semantics.py."""
 
 from __future__ import annotations

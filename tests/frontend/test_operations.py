@@ -1,4 +1,4 @@
-"""Which live requests an /abort_request id names (services/frontend/operations.py)."""
+"""Which live requests an /abort_request id names (services/frontend/serving/operations.py)."""
 
 from __future__ import annotations
 

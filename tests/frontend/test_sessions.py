@@ -1,4 +1,4 @@
-"""Session routing in the frontend (services/frontend/sessions.py, the TokenizerManager's
+"""Session routing in the frontend (services/frontend/dispatch/sessions.py, the TokenizerManager's
 dispatch) against two fake scheduler replicas: real grpc.aio servers on loopback that
 record what the frontend sends. The scheduler's side of sessions is tested against the
 real engine in tests/scheduler/core/test_sessions.py, and end to end in

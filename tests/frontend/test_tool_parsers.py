@@ -167,7 +167,7 @@ def test_deepseek_v31(text: str, content: str, calls: Calls) -> None:
 @pytest.mark.parametrize("cls", sorted(set(TOOL_PARSERS.values()), key=lambda c: c.NAME))
 def test_a_call_written_by_the_format_reads_back(cls: type[ToolParser]) -> None:
     """What the grammar forces (call_begin, arguments, CALL_END, joined by SEPARATOR in a
-    section) is what the parser reads: the contract tool_choice.py relies on."""
+    section) is what the parser reads: the contract serving/tool_choice.py relies on."""
     args = {"city": "Paris", "note": 'a } and a "quote"'}
     one = cls.call_begin("get_weather") + json.dumps(args) + cls.CALL_END
     two = cls.call_begin("now") + "{}" + cls.CALL_END

@@ -1,4 +1,4 @@
-"""GenerateResponse protos → SGLang's /generate JSON (gateway/render_generate.py), no server."""
+"""GenerateResponse protos → SGLang's /generate JSON (gateway/render/generate.py), no server."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ the model's call is reported as written, and "required" or a named tool_choice a
 forced a declared name by grammar.
 
 Each format also says how it writes a call (``call_begin`` / ``CALL_END`` /
-``SEPARATOR`` / ``SECTION_*``), which ``tool_choice.py`` turns into the grammar that
+``SEPARATOR`` / ``SECTION_*``), which ``serving/tool_choice.py`` turns into the grammar that
 forces calls, so a forced call is exactly what the parser reads.
 """
 
