@@ -78,6 +78,7 @@ containers-test: setup
 lint: setup
 	$(VENV)/bin/ruff check services gateway tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 fmt: setup
 	$(VENV)/bin/ruff format services gateway tests bench
