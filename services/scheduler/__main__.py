@@ -16,7 +16,7 @@ from services.common.service_flags import parse_service_args, run_service, servi
 from services.scheduler.core.stats import SchedulerStats
 from services.scheduler.model_executor.models.dtype import AUTO, DTYPES
 from services.scheduler.transport.detokenizer_pusher import DetokenizerPusher
-from services.scheduler.transport.engine_build import SchedulerProcessConfig, build_engine
+from services.scheduler.transport.engine_build import SchedulerProcessConfig, build_scheduler
 from services.scheduler.transport.engine_client import EngineClient, RowSink
 from services.scheduler.transport.engine_process import EngineLaunch
 from services.scheduler.transport.engine_thread import EngineThread
@@ -179,7 +179,7 @@ async def start_engine(
     if launch is not None:
         engine = await launch.ready(sink, on_stats, on_fatal)
         return engine, engine.dtype
-    scheduler, dtype = await asyncio.to_thread(build_engine, config)
+    scheduler, dtype = await asyncio.to_thread(build_scheduler, config)
     return EngineThread(scheduler, sink, on_stats=on_stats, on_fatal=on_fatal), dtype
 
 

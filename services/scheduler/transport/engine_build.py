@@ -52,7 +52,7 @@ class SchedulerProcessConfig:
     tls: TlsSettings
 
 
-def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
+def build_scheduler(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
     """Load the model and size the KV pool; returns the scheduler (its context length,
     capped to the pool, is ``scheduler.limits.context_length``) and the name of the dtype
     the model runs in."""

@@ -40,7 +40,7 @@ from typing import Any
 from services.common.logs import setup_logging
 from services.scheduler.core.messages import Command, EngineLimits, EngineOutput
 from services.scheduler.core.stats import SchedulerStats
-from services.scheduler.transport.engine_build import SchedulerProcessConfig, build_engine
+from services.scheduler.transport.engine_build import SchedulerProcessConfig, build_scheduler
 from services.scheduler.transport.engine_client import EngineClient, RowSink
 from services.scheduler.transport.engine_codec import (
     decode_command,
@@ -191,7 +191,7 @@ def run_engine(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     setup_logging(config.log_level, config.log_json)
-    scheduler, dtype = build_engine(config)
+    scheduler, dtype = build_scheduler(config)
     outputs.send_bytes(encode_ready(scheduler.limits, dtype))
 
     def emit(output: EngineOutput) -> None:

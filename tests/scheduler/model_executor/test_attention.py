@@ -17,7 +17,7 @@ from services.scheduler.model_executor.attention.base import AttentionBackend
 from services.scheduler.model_executor.attention.torch_backend import TorchAttentionBackend
 from services.scheduler.model_executor.forward_batch import ForwardBatch
 from services.scheduler.ops.cpu_kernels import find_compiler, is_registered
-from services.scheduler.transport.engine_build import build_engine
+from services.scheduler.transport.engine_build import build_scheduler
 from tests.scheduler.conftest import NO_COMPILER, needs_compiler
 
 HEADS, KV_HEADS, HEAD_DIM, NUM_SLOTS = 4, 2, 16, 256
@@ -269,6 +269,6 @@ def test_the_engine_attaches_the_decode_kernel_when_its_library_is_built(
     model_dir = kernel_model_dir / "model"
     shutil.copytree(default_model_dir, model_dir, ignore=shutil.ignore_patterns("kernels"))
     shutil.copytree(kernel_model_dir / "kernels", model_dir / "kernels")
-    scheduler, _ = build_engine(scheduler_args(["--model", str(model_dir)]))
+    scheduler, _ = build_scheduler(scheduler_args(["--model", str(model_dir)]))
     assert scheduler.runner.model.attn_backend.decode_kernel
     assert scheduler.sampler.kernel is not None
