@@ -15,7 +15,7 @@ from tokenline.v1 import detokenizer_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from services.common.errors import AlreadyExistsError, InvalidArgumentError
 from services.common.sampling_params import SamplingParams
 from services.frontend.dispatch.tokenizer_manager import TokenizedRequest, TokenizerManager
-from tests.frontend.test_tokenizer_manager import FakeDetokenizer, FakeScheduler
+from tests.frontend.dispatch.test_tokenizer_manager import FakeDetokenizer, FakeScheduler
 from tests.waiting import eventually
 
 

@@ -14,7 +14,7 @@ from services.frontend.parsers.reasoning import (
     num_reasoning_tokens,
     reasoning_parser_class,
 )
-from tests.frontend.test_tool_parsers import cuts
+from tests.frontend.parsers.test_tool_calls import cuts
 
 CASES = [
     # (parser, starts inside the block, text, reasoning, content)

@@ -26,7 +26,7 @@ from services.frontend.serving.tool_choice import (
     structural_tag,
 )
 from services.frontend.validation.params import RequestedParams, params_from_openai
-from tests.frontend.test_structured_output import sampling
+from tests.frontend.validation.test_structured_output import sampling
 
 WEATHER: dict[str, Any] = {
     "type": "function",
