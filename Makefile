@@ -53,14 +53,14 @@ $(MODEL_DIR)/config.json: | $(STAMP)
 
 # A checkpoint no model path can run is refused here, in one line, before any build.
 check-model: $(MODEL_DIR)/config.json
-	@$(PY) -m services.scheduler.model.model_impl --model $(MODEL_DIR) --model-impl $(MODEL_IMPL)
+	@$(PY) -m services.scheduler.model_executor.models.model_impl --model $(MODEL_DIR) --model-impl $(MODEL_IMPL)
 
 # The engine's compiled kernels for this machine, the sampler's and decode attention's
-# (sample_kernel.py): built once, kept while torch, the CPU and the sources are unchanged;
+# (services/scheduler/ops/cpu_kernels.py): built once, kept while torch, the CPU and the sources are unchanged;
 # where they cannot be built (no C++ compiler) the engine keeps its eager paths, so a
 # failure here stops nothing.
 kernels: check-model
-	-$(PY) -m services.scheduler.sample_kernel --model $(MODEL_DIR)
+	-$(PY) -m services.scheduler.ops.cpu_kernels --model $(MODEL_DIR)
 
 model: setup $(MODEL_DIR)/config.json kernels
 
@@ -94,6 +94,7 @@ docs: setup
 lint: setup
 	$(VENV)/bin/ruff check services gateway tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 fmt: setup
 	$(VENV)/bin/ruff format services gateway tests bench

@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 from bench.machine import describe, machine_info
-from services.scheduler.kv_pool import KVPool
-from services.scheduler.model.loader import load_model
-from services.scheduler.model_runner import ForwardPlan, ModelRunner
-from services.scheduler.sample_kernel import SampleKernel, is_registered
+from services.scheduler.mem_cache.kv_pool import KVPool
+from services.scheduler.model_executor.model_runner import ForwardPlan, ModelRunner
+from services.scheduler.model_executor.models.loader import load_model
+from services.scheduler.ops.cpu_kernels import SampleKernel, is_registered
 
 CONTEXT = 128
 PROMPT = 512

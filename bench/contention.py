@@ -31,8 +31,8 @@ from bench.procs import cpu_seconds
 from bench.serve.report import write_json
 from bench.split import prompts, run_engine
 from services.scheduler.__main__ import parse_args as scheduler_args
-from services.scheduler.engine import Scheduler
-from services.scheduler.engine_build import build_engine
+from services.scheduler.core.scheduler import Scheduler
+from services.scheduler.transport.engine_build import build_scheduler
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROFILES = ((60, 400), (600, 4000))  # (busy, period) in µs: both about 0.15 of a core
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     machine = machine_info()
     print(f"machine: {describe(machine)}", flush=True)
-    scheduler, dtype = build_engine(
+    scheduler, dtype = build_scheduler(
         scheduler_args(["--model", args.model, "--num-threads", str(args.num_threads)])
     )
     # Warm-up at the measured batch shape, unmeasured.

@@ -32,16 +32,16 @@ import torch
 from bench.machine import describe, machine_info
 from services.common.sampling_params import SamplingParams
 from services.common.tokenizer import load_tokenizer
-from services.scheduler.attention import ATTENTION_BACKENDS
-from services.scheduler.engine import Scheduler, SchedulerConfig
-from services.scheduler.engine_build import attach_kernels
-from services.scheduler.forward_batch import ForwardBatch
-from services.scheduler.kv_pool import KVPool
-from services.scheduler.model.config import ModelConfig
-from services.scheduler.model.dtype import AUTO, DTYPES, choose_dtype
-from services.scheduler.model.loader import load_model
-from services.scheduler.req import Req
-from services.scheduler.stop_checker import StopChecker
+from services.scheduler.core.req import Req
+from services.scheduler.core.scheduler import Scheduler, SchedulerConfig
+from services.scheduler.core.stop_checker import StopChecker
+from services.scheduler.mem_cache.kv_pool import KVPool
+from services.scheduler.model_executor.attention import ATTENTION_BACKENDS
+from services.scheduler.model_executor.forward_batch import ForwardBatch
+from services.scheduler.model_executor.models.config import ModelConfig
+from services.scheduler.model_executor.models.dtype import AUTO, DTYPES, choose_dtype
+from services.scheduler.model_executor.models.loader import load_model
+from services.scheduler.transport.engine_build import attach_kernels
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

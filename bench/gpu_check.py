@@ -39,10 +39,10 @@ from bench.engine import (
     split_slots,
 )
 from bench.machine import describe, machine_info
-from services.scheduler.attention import ATTENTION_BACKENDS, create_attention_backend
-from services.scheduler.engine import Scheduler
-from services.scheduler.model.dtype import AUTO
-from services.scheduler.model_runner import ForwardPlan
+from services.scheduler.core.scheduler import Scheduler
+from services.scheduler.model_executor.attention import ATTENTION_BACKENDS, create_attention_backend
+from services.scheduler.model_executor.model_runner import ForwardPlan
+from services.scheduler.model_executor.models.dtype import AUTO
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -34,9 +34,9 @@ from bench.engine import BenchArgs, build, random_prompt
 from bench.machine import describe, machine_info
 from services.common.grammar import build_grammar, choice_ebnf
 from services.common.sampling_params import GrammarSpec, SamplingParams
-from services.scheduler.engine import Scheduler
-from services.scheduler.grammar import GrammarMasker
-from services.scheduler.req import Req
+from services.scheduler.core.req import Req
+from services.scheduler.core.scheduler import Scheduler
+from services.scheduler.sampling.grammar import GrammarMasker
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -17,9 +17,9 @@ from collections.abc import Callable
 import torch
 
 from bench.machine import describe, machine_info
-from services.scheduler.kv_pool import KVPool
-from services.scheduler.model.loader import load_model
-from services.scheduler.model_runner import ForwardPlan, ModelRunner
+from services.scheduler.mem_cache.kv_pool import KVPool
+from services.scheduler.model_executor.model_runner import ForwardPlan, ModelRunner
+from services.scheduler.model_executor.models.loader import load_model
 
 PATHS = ("native", "transformers")
 

@@ -23,9 +23,9 @@ from prometheus_client import CollectorRegistry
 
 from bench.engine import BenchArgs, build, greedy_req, random_prompt
 from services.common.grpc_metrics import RpcMetrics, RpcMetricsInterceptor
-from services.scheduler.engine import Scheduler
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.stats import SchedulerStats
+from services.scheduler.core.scheduler import Scheduler
+from services.scheduler.core.stats import SchedulerStats
+from services.scheduler.transport.metrics import SchedulerMetrics
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -43,7 +43,7 @@ from bench.procs import SERVICES, read_rss_mib, stack_pids
 from bench.soak_client import MAX_N, UNEXPECTED, Outcome, Tally, client_loop
 from services.common.default_model import ensure_default_model
 from services.launch import LocalStack, StackPorts
-from services.scheduler.model.dtype import AUTO, DTYPES
+from services.scheduler.model_executor.models.dtype import AUTO, DTYPES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "tokenline-tiny"

@@ -2,7 +2,7 @@
 detokenizer, against the scheduler's engine alone, in one process, on the same work.
 
 ``python -m bench.split`` builds the engine exactly as the scheduler process does
-(``build_engine`` with the same default flags), then alternates rounds: C requests of
+(``build_scheduler`` with the same default flags), then alternates rounds: C requests of
 the same token ids (``ignore_eos``, ``max_tokens`` = output length) stepped to the end
 in-process, and the same C requests as streaming ``/v1/completions`` calls with token-id
 prompts through the running stack. Both measure output tokens over the wall time from
@@ -56,8 +56,8 @@ from bench.serve.client import new_session
 from bench.serve.report import write_json
 from services.launch import LocalStack, StackPorts
 from services.scheduler.__main__ import parse_args as scheduler_args
-from services.scheduler.engine import Scheduler
-from services.scheduler.engine_build import build_engine
+from services.scheduler.core.scheduler import Scheduler
+from services.scheduler.transport.engine_build import build_scheduler
 
 RESULTS = Path("bench/results")
 
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     machine = machine_info()
     print(f"machine: {describe(machine)}", flush=True)
     flags = engine_flags(args)
-    scheduler, dtype = build_engine(scheduler_args(["--model", args.model, *flags]))
+    scheduler, dtype = build_scheduler(scheduler_args(["--model", args.model, *flags]))
     out = args.out or default_out(args)
     stack = LocalStack(
         args.model,

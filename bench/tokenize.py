@@ -35,7 +35,7 @@ from transformers import PreTrainedTokenizerBase
 
 from services.common.default_model import ensure_default_model
 from services.common.tokenizer import load_tokenizer
-from services.frontend.batch_tokenizer import DynamicBatchTokenizer
+from services.frontend.dispatch.batch_tokenizer import DynamicBatchTokenizer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "tokenline-tiny"

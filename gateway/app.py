@@ -9,13 +9,13 @@ from typing import Any
 import grpc
 from fastapi import FastAPI
 
-from gateway import routes_native, routes_openai, routes_ops, routes_sessions
 from gateway.client import FrontendClient, create_channel
 from gateway.config import GatewayConfig
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestContextMiddleware
 from gateway.openapi import install_openapi
+from gateway.routes import native, openai, ops, sessions
 
 ChannelFactory = Callable[[GatewayConfig], grpc.aio.Channel]
 
@@ -47,10 +47,10 @@ def create_app(config: GatewayConfig, channel_factory: ChannelFactory | None = N
         summary="OpenAI-compatible REST/SSE in front of the tokenline gRPC frontend",
         lifespan=lifespan,
     )
-    app.include_router(routes_openai.router)
-    app.include_router(routes_native.router)
-    app.include_router(routes_ops.router)
-    app.include_router(routes_sessions.router)
+    app.include_router(openai.router)
+    app.include_router(native.router)
+    app.include_router(ops.router)
+    app.include_router(sessions.router)
     install_error_handlers(app)
     install_openapi(app)
     # add_middleware wraps: the last added runs first (request context is outermost).

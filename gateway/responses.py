@@ -1,10 +1,10 @@
-"""The one definition of each JSON response shape: gateway/render.py builds these models
+"""The one definition of each JSON response shape: gateway/render/openai.py builds these models
 from the protos, and /openapi.json documents the same models, so the two cannot drift.
 
 A required field is always written (``null`` where the type allows it); a field with a
-default is written only when render.py sets it (``dump`` drops unset fields), which is
+default is written only when render/openai.py sets it (``dump`` drops unset fields), which is
 how OpenAI's present-but-null keys differ from its absent ones. Every model forbids
-extra keys. The native `/generate` body is SGLang's shape (gateway/render_generate.py);
+extra keys. The native `/generate` body is SGLang's shape (gateway/render/generate.py);
 gRPC and Envoy clients get the typed `GenerateResponse` proto instead.
 """
 
@@ -19,7 +19,7 @@ class JsonBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     def dump(self) -> dict[str, Any]:
-        """The JSON body: every field render.py set (``None`` → null), no others."""
+        """The JSON body: every field render/openai.py set (``None`` → null), no others."""
         return self.model_dump(exclude_unset=True)
 
     def dump_json(self) -> bytes:

@@ -21,8 +21,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.client import StreamCall, until_disconnected
 from gateway.errors import GatewayError, from_rpc_error
+from gateway.render.openai.text_frames import Frame, TextFrames, TextSlot
 from gateway.responses import JsonBody
-from gateway.text_frames import Frame, TextFrames, TextSlot
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ async def respond(
     """SSE frames from the streaming RPC when the client asked to stream, else the unary
     RPC's answer as one JSON body (an object, or a list for SGLang's batches). Only the
     RPC chosen is started. With ``text_slot``, a chunk that carries only new text is
-    written from a template (``text_frames.py``): the same bytes, without the models."""
+    written from a template (``render/text_frames.py``): the same bytes, without the models."""
     if stream:
 
         def frame(message: Any) -> bytes:

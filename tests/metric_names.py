@@ -16,7 +16,7 @@ from services.detokenizer.manager import DetokenizerManager
 from services.detokenizer.metrics import DetokenizerMetrics
 from services.detokenizer.server import DetokenizerServicer
 from services.frontend.metrics import FrontendMetrics
-from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.transport.metrics import SchedulerMetrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "tokenline.json"

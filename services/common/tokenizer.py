@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+
+class TailDecoder(Protocol):
+    """What a Hugging Face tokenizer's ``decode`` offers (a list of ids in, text out)."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str | list[str]: ...
 
 
 def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:

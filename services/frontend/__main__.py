@@ -22,27 +22,27 @@ from services.common.grpc_server import GrpcProcess
 from services.common.service_flags import parse_service_args, run_service, service_parser
 from services.common.tls import TlsSettings
 from services.common.tokenizer import load_tokenizer
-from services.frontend.batch_tokenizer import DynamicBatchTokenizer
-from services.frontend.chat_template import ChatTokenization, create_chat_template
-from services.frontend.generation_config import (
+from services.frontend.chat.template import ChatTokenization, create_chat_template
+from services.frontend.dispatch.batch_tokenizer import DynamicBatchTokenizer
+from services.frontend.dispatch.tokenizer_manager import TokenizerManager
+from services.frontend.metrics import FrontendMetrics
+from services.frontend.multiplex import StreamBudget
+from services.frontend.parsers.reasoning import REASONING_PARSERS
+from services.frontend.parsers.tool_calls import TOOL_PARSERS
+from services.frontend.request_log import log_finished
+from services.frontend.server import FrontendServicer
+from services.frontend.serving.base import ServingContext
+from services.frontend.serving.chat import ChatServing
+from services.frontend.serving.completion import CompletionServing
+from services.frontend.serving.generate import GenerateServing
+from services.frontend.serving.operations import Operations
+from services.frontend.validation.generation_config import (
     GENERATION_CONFIG_AUTO,
     GenerationDefaults,
     load_generation_defaults,
     log_generation_defaults,
 )
-from services.frontend.limits import ModelLimits, load_model_limits
-from services.frontend.metrics import FrontendMetrics
-from services.frontend.multiplex import StreamBudget
-from services.frontend.operations import Operations
-from services.frontend.reasoning_parsers import REASONING_PARSERS
-from services.frontend.request_log import log_finished
-from services.frontend.server import FrontendServicer
-from services.frontend.serving_base import ServingContext
-from services.frontend.serving_chat import ChatServing
-from services.frontend.serving_completion import CompletionServing
-from services.frontend.serving_generate import GenerateServing
-from services.frontend.tokenizer_manager import TokenizerManager
-from services.frontend.tool_parsers import TOOL_PARSERS
+from services.frontend.validation.limits import ModelLimits, load_model_limits
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = frontend_pb2.DESCRIPTOR.services_by_name["FrontendService"].full_name

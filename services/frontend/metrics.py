@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from tokenline.v1 import detokenizer_pb2
 
 from services.common.stages import stage_durations
-from services.frontend.output import finish_name
+from services.frontend.serving.output import finish_name
 
 _SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)

@@ -12,7 +12,7 @@ from typing import Any
 from tokenline.v1 import detokenizer_pb2
 
 from services.common.stages import stage_durations_ms
-from services.frontend.output import finish_name
+from services.frontend.serving.output import finish_name
 
 logger = logging.getLogger("tokenline.requests")
 

@@ -14,10 +14,10 @@ from tokenline.v1 import frontend_pb2, frontend_pb2_grpc, openai_pb2, session_pb
 
 from services.common.errors import InvalidArgumentError, grpc_errors
 from services.frontend.multiplex import StreamBudget, serve_multiplexed
-from services.frontend.operations import Operations
-from services.frontend.serving_chat import ChatServing
-from services.frontend.serving_completion import CompletionServing
-from services.frontend.serving_generate import GenerateServing
+from services.frontend.serving.chat import ChatServing
+from services.frontend.serving.completion import CompletionServing
+from services.frontend.serving.generate import GenerateServing
+from services.frontend.serving.operations import Operations
 
 T = TypeVar("T")
 

@@ -13,21 +13,21 @@ from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.envs import env_default, parse_bool
 from services.common.grpc_server import GrpcProcess, wait_until
 from services.common.service_flags import parse_service_args, run_service, service_parser
-from services.scheduler.detokenizer_pusher import DetokenizerPusher
-from services.scheduler.engine_build import SchedulerProcessConfig, build_engine
-from services.scheduler.engine_client import EngineClient, RowSink
-from services.scheduler.engine_process import EngineLaunch
-from services.scheduler.engine_thread import EngineThread
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.model.dtype import AUTO, DTYPES
-from services.scheduler.model.model_impl import (
+from services.scheduler.core.stats import SchedulerStats
+from services.scheduler.model_executor.models.dtype import AUTO, DTYPES
+from services.scheduler.model_executor.models.model_impl import (
     MODEL_IMPLS,
     ModelImpl,
     UnsupportedModelError,
     resolve_model_impl,
 )
-from services.scheduler.server import SchedulerServicer
-from services.scheduler.stats import SchedulerStats
+from services.scheduler.transport.detokenizer_pusher import DetokenizerPusher
+from services.scheduler.transport.engine_build import SchedulerProcessConfig, build_scheduler
+from services.scheduler.transport.engine_client import EngineClient, RowSink
+from services.scheduler.transport.engine_process import EngineLaunch
+from services.scheduler.transport.engine_thread import EngineThread
+from services.scheduler.transport.metrics import SchedulerMetrics
+from services.scheduler.transport.servicer import SchedulerServicer
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
@@ -171,7 +171,7 @@ def resolve_or_exit(config: SchedulerProcessConfig) -> ModelImpl:
 
 async def serve(config: SchedulerProcessConfig) -> None:
     impl = resolve_or_exit(config)
-    # Forked first, before gRPC or anything else starts a thread (engine_process.py).
+    # Forked first, before gRPC or anything else starts a thread (transport/engine_process.py).
     launch = EngineLaunch(config) if config.engine == "process" else None
     process = GrpcProcess(
         host=config.host,
@@ -238,7 +238,7 @@ async def start_engine(
     if launch is not None:
         engine = await launch.ready(sink, on_stats, on_fatal)
         return engine, engine.dtype
-    scheduler, dtype = await asyncio.to_thread(build_engine, config)
+    scheduler, dtype = await asyncio.to_thread(build_scheduler, config)
     return EngineThread(scheduler, sink, on_stats=on_stats, on_fatal=on_fatal), dtype
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from services.scheduler.sample_kernel import HEADERS, SOURCES
+from services.scheduler.ops.cpu_kernels import HEADERS, SOURCES
 
 pytestmark = pytest.mark.live
 

@@ -29,7 +29,7 @@ from tokenline.v1 import (
 from transformers import PreTrainedTokenizerBase
 
 from services.launch import LocalStack
-from tests.frontend.test_params import INVALID_OPENAI
+from tests.frontend.validation.test_params import INVALID_OPENAI
 from tests.live_stack import running_stack
 from tests.waiting import eventually
 

@@ -5,6 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from gateway.render.openai.openai import (
+    chat_chunk,
+    chat_completion_to_dict,
+    completion_to_dict,
+    text_completion,
+    usage_to_dict,
+)
 from google.protobuf import json_format
 from tokenline.v1 import common_pb2, openai_pb2
 
@@ -15,13 +22,6 @@ from gateway.convert import (
     generate_request_to_proto,
 )
 from gateway.errors import GatewayError, error_body, param_from_loc
-from gateway.render import (
-    chat_chunk,
-    chat_completion_to_dict,
-    completion_to_dict,
-    text_completion,
-    usage_to_dict,
-)
 from gateway.schemas import ChatCompletionBody, CompletionBody, GenerateBody
 from gateway.sse import sse_frame
 

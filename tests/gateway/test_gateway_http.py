@@ -13,8 +13,8 @@ from fake_frontend import MODEL_ID, PIECES, TIMES, FakeFrontend, FakeFrontendSer
 from gateway_harness import GatewayServer, StrictGateway
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway import routes_openai
 from gateway.config import GatewayConfig
+from gateway.routes import openai as routes_openai
 from tests.waiting import wait_until
 
 CHAT = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}]}

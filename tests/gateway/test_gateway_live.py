@@ -27,8 +27,8 @@ from transformers import AutoTokenizer
 
 from gateway.config import GatewayConfig
 from services.launch import LocalStack
-from services.scheduler.model.config import ModelConfig
-from services.scheduler.model.dtype import AUTO, choose_dtype
+from services.scheduler.model_executor.models.config import ModelConfig
+from services.scheduler.model_executor.models.dtype import AUTO, choose_dtype
 from tests.live_stack import finish_counts, wait_for_finishes
 from tests.waiting import eventually
 

@@ -135,7 +135,7 @@ def test_a_known_mix_is_counted_exactly(
     for stage in ("queue", "prefill", "decode"):
         assert sched(f"tokenline:request_{stage}_time_seconds_count") == num
     assert sched("tokenline:request_generation_tokens_sum") == generated
-    # One at a time, each request is a batch of one (add_request_batcher.py).
+    # One at a time, each request is a batch of one (dispatch/add_request_batcher.py).
     assert sched("tokenline_grpc_server_handled_total", grpc_method="AddRequests") == num
     assert (
         sched("tokenline_grpc_server_handled_total", grpc_method="AddRequests", grpc_code="OK")

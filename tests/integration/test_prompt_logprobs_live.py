@@ -3,7 +3,7 @@
 openai client, vLLM's ``prompt_logprobs`` on completions and chat, and the native gRPC
 Generate with ``logprob_start_len`` 0. All three must give the same numbers for the same
 prompt: one scheduler computes them the same way (a fresh prefill from position 0).
-Their agreement with HF transformers is tests/scheduler/test_prompt_logprobs.py's job.
+Their agreement with HF transformers is tests/scheduler/sampling/test_prompt_logprobs.py's job.
 """
 
 from __future__ import annotations

@@ -24,8 +24,10 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from services.launch import LocalStack, StackPorts
 from tests.live_stack import dump_logs
-from tests.scheduler.test_model_parity import hf_greedy
-from tests.scheduler.test_transformers_parity import assert_same_until_near_tie
+from tests.scheduler.model_executor.models.test_transformers_parity import (
+    assert_same_until_near_tie,
+)
+from tests.scheduler.model_executor.test_model_parity import hf_greedy
 from tests.tiny_checkpoints import ARCHITECTURES, build_checkpoint
 
 pytestmark = pytest.mark.live

@@ -1,6 +1,6 @@
-"""The engine's compiled kernels (sample_kernel.py), built once per machine with its C++
-compiler (``make model`` does, into the default model's folder) and loaded into this
-process."""
+"""The engine's compiled kernels (services/scheduler/ops/cpu_kernels.py), built once per
+machine with its C++ compiler (``make model`` does, into the default model's folder) and
+loaded into this process."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.scheduler.sample_kernel import SampleKernel, build, find_compiler, kernel_path
+from services.scheduler.ops.cpu_kernels import SampleKernel, build, find_compiler, kernel_path
 
 NO_COMPILER = "the kernels need a C++ compiler"
 needs_compiler = pytest.mark.skipif(find_compiler() is None, reason=NO_COMPILER)

@@ -9,12 +9,12 @@ import torch
 
 from services.common.sampling_params import SamplingParams
 from services.common.tokenizer import load_tokenizer
-from services.scheduler.engine import Scheduler, SchedulerConfig
-from services.scheduler.kv_pool import KVPool
-from services.scheduler.model.loader import load_model
-from services.scheduler.output_row import OutputRow
-from services.scheduler.req import Req
-from services.scheduler.stop_checker import StopChecker
+from services.scheduler.core.output_row import OutputRow
+from services.scheduler.core.req import Req
+from services.scheduler.core.scheduler import Scheduler, SchedulerConfig
+from services.scheduler.core.stop_checker import StopChecker
+from services.scheduler.mem_cache.kv_pool import KVPool
+from services.scheduler.model_executor.models.loader import load_model
 
 _MODELS: dict[tuple[str, torch.dtype], tuple] = {}
 _TOKENIZERS: dict[str, object] = {}

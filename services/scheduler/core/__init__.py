@@ -1,0 +1,8 @@
+"""The scheduling policy and the state it owns, with no transport and no protobuf.
+``scheduler.Scheduler`` admits from the waiting queue (``waiting_queue``), plans each
+forward, samples and commits, with ``overlap`` launching the next decode before committing
+the one in flight. It owns each request's state (``req.Req``), ends requests
+(``stop_checker``), keeps sessions' KV alive between turns (``sessions``), counts what it
+did (``stats``) and emits ``output_row.OutputRow``. ``messages`` holds the commands and
+outputs that cross the engine boundary, plain data for the thread and the process alike.
+"""

@@ -1,0 +1,155 @@
+"""What crosses the engine boundary: commands in, ``EngineOutput`` out, and the limits
+the RPC side validates against.
+
+Plain data and nothing live, so the same messages serve an engine on a thread
+(``transport/engine_thread.py``) and one in its own process
+(``transport/engine_process.py``, which sends them as Protobuf:
+``transport/engine_codec.py``). A command that needs an answer carries a ``ticket``; the
+engine answers it in an output and the RPC side (``transport/engine_client.py``) resolves
+the caller's future.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenline.v1 import scheduler_pb2
+
+from services.common.errors import InvalidArgumentError, TokenlineError
+from services.scheduler.core.req import Req
+from services.scheduler.core.stats import SchedulerStats
+
+NO_TICKET = 0  # a command nobody waits on
+
+
+@dataclass(frozen=True, slots=True)
+class AddCommand:
+    req: Req
+    # A request in a session is checked against the session by the engine, whose verdict
+    # answers this ticket; other requests are answered on the RPC side.
+    ticket: int = NO_TICKET
+
+
+@dataclass(frozen=True, slots=True)
+class OpenSessionCommand:
+    session_id: str
+    capacity: int
+    owner: str
+    ticket: int
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSessionCommand:
+    session_id: str
+    ticket: int
+
+
+@dataclass(frozen=True, slots=True)
+class AbortCommand:
+    rid: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class AbortStartedCommand:
+    """Abort every live request whose first row already went downstream."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class AbortOwnedCommand:
+    """Abort every live request that ``owner`` (a frontend id) sent: its lease ended."""
+
+    owner: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class FlushCommand:
+    """Empty the prefix cache unless a request is running or waiting (SGLang refuses
+    then too); answered with a ``FlushOutcome``."""
+
+    ticket: int
+
+
+Command = (
+    AddCommand
+    | AbortCommand
+    | AbortStartedCommand
+    | AbortOwnedCommand
+    | FlushCommand
+    | OpenSessionCommand
+    | CloseSessionCommand
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FlushOutcome:
+    """What a flush found: it empties the prefix cache only when nothing is in flight."""
+
+    flushed: bool
+    num_running: int
+    num_waiting: int
+    reason: str = ""  # why not, when not flushed
+
+
+# None (done), the refusal, or a flush's outcome.
+Answer = TokenlineError | FlushOutcome | None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """The engine's state (queues and KV) after its latest output; read from any thread.
+    Gauges only: what the engine counts goes through ``SchedulerStats``."""
+
+    num_waiting: int = 0
+    num_running: int = 0
+    num_free_kv_tokens: int = 0
+    num_total_kv_tokens: int = 0
+    num_cached_kv_tokens: int = 0  # in the prefix cache, shared or evictable
+    num_evictable_kv_tokens: int = 0  # cached and held by no request
+    num_sessions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutput:
+    """One message from the engine: after it applied commands, or after a step."""
+
+    engine_stats: EngineStats
+    idle: bool  # no request waits, runs or has a row still to send
+    num_applied: int = 0  # commands applied since the previous output
+    answers: tuple[tuple[int, Answer], ...] = ()  # (ticket, answer)
+    # A step's rows, in order, already as the detokenizer takes them: the gRPC process
+    # only reads their rid and finish, and forwards them without decoding.
+    rows: tuple[scheduler_pb2.TokenIDRow, ...] = ()
+    stats: SchedulerStats | None = None  # a step's counts
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """What never changes once the engine is built: all the RPC side needs to refuse a
+    request that could never run, without asking the engine."""
+
+    vocab_size: int
+    context_length: int  # already capped to the KV pool
+    num_kv_tokens: int
+    max_waiting_requests: int
+
+    def validate(self, req: Req) -> None:
+        """INVALID_ARGUMENT unless ``req`` could run here. The frontend validates too;
+        this guards the engine from any other gRPC client."""
+        if not req.input_ids:
+            raise InvalidArgumentError("prompt has no tokens", field="prompt")
+        if min(req.input_ids) < 0 or max(req.input_ids) >= self.vocab_size:
+            raise InvalidArgumentError(
+                f"token ids must be in [0, {self.vocab_size})", field="prompt"
+            )
+        if len(req.input_ids) + 1 > min(self.context_length, self.num_kv_tokens):
+            raise InvalidArgumentError(
+                f"prompt of {len(req.input_ids)} tokens does not fit the context",
+                field="prompt",
+            )
+        req.params.validate(self.vocab_size)
+        if req.prompt_logprobs is not None:
+            req.prompt_logprobs.validate(len(req.input_ids))

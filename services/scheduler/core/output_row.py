@@ -1,0 +1,77 @@
+"""What one engine step reports per request: ``OutputRow`` (the domain twin of
+``TokenIDRow``), with ``RowInit`` on a request's first row.
+
+Rows are immutable snapshots made on the engine thread, so the transport may read them on
+another thread (or encode them for another process) while the engine steps on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from services.scheduler.core.req import DecodeFlags, FinishInfo, Req, ReqTimes
+from services.scheduler.sampling.prompt_logprobs import PromptLogprob
+from services.scheduler.sampling.sampler import LogprobEntry
+
+# Prompt tokens sent with a request's first row so the detokenizer can seed its window
+# (a leading-space or byte-fallback token decodes differently without context).
+PROMPT_TAIL_TOKENS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class RowInit:
+    """What the detokenizer needs to start decoding a request: on its first row only."""
+
+    flags: DecodeFlags
+    prompt_tail_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OutputRow:
+    """What one request produced in one step (domain twin of TokenIDRow).
+
+    A snapshot made on the engine thread that shares nothing mutable with the live
+    ``Req``, so the transport may read it on another thread while the engine steps on.
+    """
+
+    rid: str
+    new_token_ids: tuple[int, ...]
+    finish: FinishInfo | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    logprobs: tuple[LogprobEntry, ...] = ()
+    times: ReqTimes | None = None  # a copy of the request's stage stamps, on its final row
+    init: RowInit | None = None
+    # Every prompt logprob, on the first row made once the whole prompt is scored.
+    input_logprobs: tuple[PromptLogprob, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        req: Req,
+        new_token_ids: Sequence[int],
+        finish: FinishInfo | None,
+        logprobs: Sequence[LogprobEntry] = (),
+    ) -> OutputRow:
+        """Snapshot ``req`` now; the first row of a request carries its ``RowInit``.
+        Engine thread only: it marks ``req.sent_init``."""
+        init = None
+        if not req.sent_init:
+            req.sent_init = True
+            init = RowInit(req.flags, tuple(req.input_ids[-PROMPT_TAIL_TOKENS:]))
+        return cls(
+            rid=req.rid,
+            new_token_ids=tuple(new_token_ids),
+            finish=finish,
+            num_prompt_tokens=len(req.input_ids),
+            num_output_tokens=len(req.output_ids),
+            num_cached_tokens=req.num_cached_tokens,
+            logprobs=tuple(logprobs),
+            times=replace(req.times) if finish is not None else None,
+            init=init,
+            input_logprobs=(
+                req.prompt_logprobs.take(len(req.input_ids)) if req.prompt_logprobs else ()
+            ),
+        )

@@ -1,0 +1,209 @@
+"""Attention with torch's scaled_dot_product_attention: runs anywhere torch runs.
+
+Decode tokens (one new token per request) are the common case in continuous
+batching, so they are padded into a single SDPA call with a key-padding mask.
+Requests that add several tokens (prefill chunks) run one SDPA call each: padding
+them together would waste work quadratic in the longest chunk.
+
+On CPU, when the engine's compiled kernels are loaded (``ops/cpu_kernels.py``), decode
+tokens go to ``torch.ops.tokenline.decode_attention`` instead, which reads each request's
+keys and values in place in the pool, without the padded gather and its float32 copy
+(docs/benchmarks.md, "Decode attention on CPU", has what it measured).
+
+The padded SDPA call is not batch-invariant: how CPU SDPA blocks the keys depends on the
+longest request, so a row can round differently beside longer ones. With
+``batch_invariant`` the backend gives each decode request a call of its own (the compiled
+kernel already computes each request on its own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
+
+from services.scheduler.mem_cache.kv_pool import KVPool
+from services.scheduler.model_executor.attention.base import AttentionBackend, AttentionMetadata
+from services.scheduler.model_executor.forward_batch import ForwardBatch
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(slots=True)
+class ExtendSpan:
+    """One request adding ``length`` tokens at flat rows ``start:start+length``."""
+
+    start: int
+    length: int
+    prefix_len: int  # tokens already in KV before this step
+    slots: torch.Tensor  # [prefix_len + length] pool slots
+    mask: torch.Tensor | None  # [length, prefix_len + length] bool; None = plain causal
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """All one-token requests of a step, padded into one SDPA call."""
+
+    rows: torch.Tensor  # [B] flat row of each decode token
+    slots: list[torch.Tensor]  # per request: its [seq_len] pool slots, unpadded
+    table: torch.Tensor  # [B, max_seq] slot table, padded with slot 0
+    seq_lens: torch.Tensor  # [B] int64: the keys of request b are table[b, :seq_lens[b]]
+    mask: torch.Tensor  # [B, 1, 1, max_seq] True where a key is real
+
+    @property
+    def max_seq(self) -> int:
+        return self.table.shape[1]
+
+    def gather(self, buf: torch.Tensor) -> torch.Tensor:
+        """[B, max_seq, kv_heads, D] keys or values of every decode request, padded.
+        ``index_select`` on the flat table: several times faster than 2-D fancy indexing."""
+        num_reqs = self.rows.shape[0]
+        flat = buf.index_select(0, self.table.view(-1))
+        return flat.view(num_reqs, self.max_seq, *buf.shape[1:])
+
+
+@dataclass(slots=True)
+class TorchAttentionMetadata(AttentionMetadata):
+    decode: DecodeGroup | None = None
+    extends: list[ExtendSpan] = field(default_factory=list)
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def __init__(self, batch_invariant: bool = False) -> None:
+        # Set by the engine once its compiled kernels are loaded (transport/engine_build.py).
+        self.decode_kernel = False
+        self.batch_invariant = batch_invariant
+
+    def plan(self, batch: ForwardBatch) -> TorchAttentionMetadata:
+        meta = TorchAttentionMetadata(batch=batch)
+        decode_rows: list[int] = []
+        decode_slots: list[torch.Tensor] = []
+        start = 0
+        for seq_len, length, slots in zip(
+            batch.seq_lens, batch.extend_lens, batch.kv_slots, strict=True
+        ):
+            if length == 1:
+                decode_rows.append(start)
+                decode_slots.append(slots)
+            elif length > 1:
+                meta.extends.append(_extend_span(start, length, seq_len, slots))
+            start += length
+        if decode_rows:
+            meta.decode = _decode_group(decode_rows, decode_slots)
+        return meta
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        layer: int,
+        meta: AttentionMetadata,
+        kv_pool: KVPool,
+        scale: float,
+    ) -> torch.Tensor:
+        if not isinstance(meta, TorchAttentionMetadata):
+            raise TypeError("TorchAttentionBackend needs metadata from its own plan()")
+        kv_pool.write(layer, meta.batch.out_cache_loc, k, v)
+        k_buf, v_buf = kv_pool.k_buffers[layer], kv_pool.v_buffers[layer]
+        out = torch.empty_like(q)
+        for span in meta.extends:
+            rows = slice(span.start, span.start + span.length)
+            if span.prefix_len == 0:  # nothing cached: the new K/V are the whole context
+                span_k, span_v = k[rows], v[rows]
+            else:
+                span_k = k_buf.index_select(0, span.slots)
+                span_v = v_buf.index_select(0, span.slots)
+            span_q = q[rows].unsqueeze(0)
+            out[rows] = _sdpa(span_q, span_k.unsqueeze(0), span_v.unsqueeze(0), span.mask, scale)[0]
+        if meta.decode is not None:
+            dec = meta.decode
+            dec_q = q[dec.rows]  # [B, H, D]
+            if self._kernel_fits(dec_q, k_buf):
+                out[dec.rows] = torch.ops.tokenline.decode_attention(
+                    dec_q, k_buf, v_buf, dec.table, dec.seq_lens, scale
+                )
+            elif self.batch_invariant:
+                out[dec.rows] = _decode_one_by_one(dec_q, k_buf, v_buf, dec.slots, scale)
+            else:
+                dec_k, dec_v = dec.gather(k_buf), dec.gather(v_buf)  # [B, S, kvH, D]
+                out[dec.rows] = _sdpa(dec_q.unsqueeze(1), dec_k, dec_v, dec.mask, scale)[:, 0]
+        return out
+
+    def _kernel_fits(self, q: torch.Tensor, k_buf: torch.Tensor) -> bool:
+        return (
+            self.decode_kernel
+            and q.device.type == "cpu"
+            and q.dtype == k_buf.dtype
+            and q.dtype in _KERNEL_DTYPES
+            and k_buf.stride(-1) == 1
+        )
+
+
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """SDPA on [B, L, heads, D] layouts (the pool's); ``mask=None`` means causal, L == S.
+
+    Decode calls (one query per request) on CPU run in float32 whatever the model dtype:
+    torch's bf16 SDPA is several times slower there for that shape (1.3 vs 0.3 ms a layer at
+    batch 32 on an AVX512_BF16 EPYC), and float32 is the more exact of the two. Prefill keeps
+    the model dtype, where both are as fast and HF's bf16 numerics are the reference.
+    """
+    dtype = q.dtype  # the pool may store K/V in another dtype than the model computes in
+    is_cpu_decode = q.device.type == "cpu" and q.shape[1] == 1
+    compute = torch.float32 if is_cpu_decode else dtype
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2).to(compute),
+        k.transpose(1, 2).to(compute),
+        v.transpose(1, 2).to(compute),
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2).to(dtype)
+
+
+def _decode_one_by_one(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    slots: list[torch.Tensor],
+    scale: float,
+) -> torch.Tensor:
+    """[B, heads, D]: each decode query ([B, heads, D]) over its own keys only, one SDPA
+    call per request, so no row depends on the others' lengths."""
+    outs = []
+    for b, request_slots in enumerate(slots):
+        keys = k_buf.index_select(0, request_slots).unsqueeze(0)
+        values = v_buf.index_select(0, request_slots).unsqueeze(0)
+        visible = torch.ones(1, 1, 1, len(request_slots), dtype=torch.bool, device=q.device)
+        outs.append(_sdpa(q[b : b + 1].unsqueeze(1), keys, values, visible, scale)[:, 0])
+    return torch.cat(outs)
+
+
+def _extend_span(start: int, length: int, seq_len: int, slots: torch.Tensor) -> ExtendSpan:
+    prefix_len = seq_len - length
+    mask = None
+    if prefix_len > 0:
+        # Causal with an offset: new token j sees keys 0..prefix_len + j.
+        keys = torch.arange(seq_len, device=slots.device)
+        queries = torch.arange(prefix_len, seq_len, device=slots.device)
+        mask = keys[None, :] <= queries[:, None]
+    return ExtendSpan(start, length, prefix_len, slots, mask)
+
+
+def _decode_group(rows: list[int], slots: list[torch.Tensor]) -> DecodeGroup:
+    device = slots[0].device
+    seq_lens = torch.tensor([len(s) for s in slots], device=device)
+    table = pad_sequence(slots, batch_first=True, padding_value=0)
+    key_pos = torch.arange(table.shape[1], device=device)
+    mask = (key_pos[None, :] < seq_lens[:, None])[:, None, None, :]
+    rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
+    return DecodeGroup(rows_t, slots, table.to(torch.int64).contiguous(), seq_lens, mask)

@@ -1,0 +1,159 @@
+"""Builds the engine from the scheduler's flags: the model in the dtype the hardware
+computes natively, the KV pool and the ``Scheduler``. Runs wherever the engine runs:
+in the engine process (``engine_process.py``), or in-process for tests and benchmarks."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from services.common.tls import TlsSettings
+from services.common.tokenizer import load_tokenizer
+from services.scheduler.core.scheduler import Scheduler, SchedulerConfig
+from services.scheduler.core.stop_checker import StopChecker
+from services.scheduler.mem_cache.kv_pool import KVPool
+from services.scheduler.model_executor.attention.torch_backend import TorchAttentionBackend
+from services.scheduler.model_executor.models.config import ModelConfig
+from services.scheduler.model_executor.models.dtype import choose_dtype
+from services.scheduler.model_executor.models.loader import load_model
+from services.scheduler.model_executor.models.model_impl import resolve_model_impl
+from services.scheduler.ops.cpu_kernels import SampleKernel, is_registered
+from services.scheduler.ops.cpu_kernels import build as build_kernels
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerProcessConfig:
+    model: str
+    host: str
+    port: int
+    metrics_port: int
+    detokenizer_addr: str
+    dtype: str
+    device: str
+    engine: str  # "process" | "thread"
+    attention_backend: str
+    model_impl: str  # auto | native | transformers (model/model_impl.py)
+    batch_invariant: bool
+    kv_cache_tokens: int
+    kv_cache_memory_mb: int
+    max_running_requests: int
+    max_waiting_requests: int
+    max_num_batched_tokens: int
+    context_length: int
+    disable_prefix_cache: bool
+    num_threads: int
+    stream_interval: int
+    overlap_schedule: bool
+    build_kernels: bool
+    drain_timeout: float
+    log_level: str
+    log_json: bool
+    tls: TlsSettings
+
+
+def build_scheduler(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
+    """Load the model and size the KV pool; returns the scheduler (its context length,
+    capped to the pool, is ``scheduler.limits.context_length``) and the name of the dtype
+    the model runs in."""
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    device = torch.device(config.device)
+    impl = resolve_model_impl(config.model, config.model_impl)
+    choice = choose_dtype(config.dtype, impl.dtype, device)
+    model, model_config = load_model(
+        config.model,
+        choice.dtype,
+        device,
+        config.attention_backend,
+        model_impl=impl.path,
+        batch_invariant=config.batch_invariant,
+    )
+    logger.info("model %s in %s on %s (%s)", config.model, choice.name, device, choice.reason)
+    kv_pool = create_kv_pool(config, model_config, choice.dtype, device)
+    context = config.context_length or model_config.max_context_len
+    if kv_pool.num_tokens < context:
+        # One request's KV must fit the pool, so the pool bounds the context; GetInfo
+        # reports this figure and the frontends validate against it.
+        logger.info("context length %d capped to the KV pool's %d", context, kv_pool.num_tokens)
+        context = kv_pool.num_tokens
+    stop_checker = StopChecker(
+        load_tokenizer(config.model), set(model_config.eos_token_ids), context
+    )
+    scheduler = Scheduler(
+        model,
+        kv_pool,
+        stop_checker,
+        SchedulerConfig(
+            max_running_requests=config.max_running_requests,
+            max_waiting_requests=config.max_waiting_requests,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            context_length=context,
+            enable_prefix_cache=not config.disable_prefix_cache,
+            stream_interval=config.stream_interval,
+            overlap_schedule=config.overlap_schedule,
+        ),
+        device,
+    )
+    if config.build_kernels and device.type == "cpu":
+        build_kernels_if_missing(config.model)
+    attach_kernels(scheduler, config.model, device)
+    if config.overlap_schedule:
+        logger.info("overlap scheduling on: decode steps chain on a forward worker thread")
+    return scheduler, choice.name
+
+
+def build_kernels_if_missing(model_dir: str) -> None:
+    """Compile this machine's kernels into ``model_dir/kernels`` unless they are there
+    (``--build-kernels``: the container image ships a compiler; the volume may move
+    between machines). A failure leaves the engine on its eager paths."""
+    try:
+        build_kernels(model_dir)
+    except (OSError, RuntimeError) as exc:
+        logger.warning("kernels not built (%s: %s); eager paths", type(exc).__name__, exc)
+
+
+def attach_kernels(scheduler: Scheduler, model_dir: str, device: torch.device) -> None:
+    """Give the sampler and the attention backend the compiled kernels built for this
+    machine, if any."""
+    if device.type != "cpu":
+        return
+    kernel = SampleKernel.load(model_dir)
+    scheduler.sampler.kernel = kernel
+    if kernel is None:
+        logger.info(
+            "sampler and decode attention: eager (no compiled kernels for this machine; "
+            "python -m services.scheduler.ops.cpu_kernels --model %s builds them)",
+            model_dir,
+        )
+        return
+    backend = getattr(scheduler.runner.model, "attn_backend", None)
+    if isinstance(backend, TorchAttentionBackend) and is_registered("decode_attention"):
+        backend.decode_kernel = True
+        logger.info("sampler and decode attention: compiled kernels")
+    else:
+        logger.info("sampler: compiled plain-row kernel")
+
+
+def create_kv_pool(
+    config: SchedulerProcessConfig,
+    model_config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> KVPool:
+    """The KV pool, sized by --kv-cache-tokens or else --kv-cache-memory-mb."""
+    shape = (model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, dtype)
+    per_token = KVPool.bytes_per_token(*shape)
+    num_tokens = config.kv_cache_tokens or KVPool.tokens_for_budget(
+        config.kv_cache_memory_mb * 2**20, *shape
+    )
+    if num_tokens < 1:
+        raise SystemExit(
+            f"KV pool of {num_tokens} tokens: raise --kv-cache-tokens or --kv-cache-memory-mb "
+            f"(one token takes {per_token} bytes)"
+        )
+    logger.info("KV pool %d tokens (%.1f MiB)", num_tokens, num_tokens * per_token / 2**20)
+    return KVPool(num_tokens, *shape, device)

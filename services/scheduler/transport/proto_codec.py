@@ -1,0 +1,222 @@
+"""Protobuf <-> scheduler domain types (``Req``, ``ReqTimes``, ``FinishInfo``,
+``OutputRow``). With the engine boundary's codec (``engine_codec.py``) the only scheduler
+modules besides the server and the pusher that import *_pb2, so the engine stays
+transport-free. Rows are converted from immutable ``OutputRow`` snapshots, and a
+``Req`` only before it reaches the engine: no function here reads a live ``Req``."""
+
+from __future__ import annotations
+
+from tokenline.v1 import common_pb2, scheduler_pb2
+
+from services.common.sampling_params import SamplingParams
+from services.scheduler.core.output_row import OutputRow, RowInit
+from services.scheduler.core.req import DecodeFlags, FinishInfo, Req, ReqTimes, SessionParams
+from services.scheduler.sampling.prompt_logprobs import PromptLogprob, PromptLogprobState
+
+_FINISH_KINDS = {
+    "stop": common_pb2.FinishReason.KIND_STOP,
+    "length": common_pb2.FinishReason.KIND_LENGTH,
+    "abort": common_pb2.FinishReason.KIND_ABORT,
+}
+_FINISH_NAMES = {kind: name for name, kind in _FINISH_KINDS.items()}
+
+
+def req_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> Req:
+    params = SamplingParams.from_pb(pb.sampling_params)
+    return Req(
+        rid=pb.rid,
+        input_ids=list(pb.input_ids),
+        params=params,
+        flags=DecodeFlags(
+            reply_to=pb.reply_to,
+            skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+            no_stop_trim=params.no_stop_trim,
+            stop=tuple(params.stop),
+        ),
+        times=times_from_pb(pb.times),
+        priority=pb.priority if pb.HasField("priority") else 0,
+        return_logprob=pb.logprob.return_logprob,
+        top_logprobs_num=pb.logprob.top_logprobs_num,
+        label=pb.label,
+        stream=pb.stream if pb.HasField("stream") else True,
+        prompt_logprobs=prompt_logprobs_from_pb(pb),
+        session=session_from_pb(pb),
+    )
+
+
+def req_to_pb(req: Req) -> scheduler_pb2.TokenizedGenerateReqInput:
+    """A request not yet in the engine, as it reaches the engine process; the inverse of
+    ``req_from_pb``, with the acceptance stamp (``times.queued``) kept."""
+    pb = scheduler_pb2.TokenizedGenerateReqInput(
+        rid=req.rid,
+        input_ids=req.input_ids,
+        sampling_params=req.params.to_pb(),
+        reply_to=req.flags.reply_to,
+        times=times_to_pb(req.times),
+        priority=req.priority,
+        label=req.label,
+        stream=req.stream,
+    )
+    pb.logprob.return_logprob = req.return_logprob
+    pb.logprob.top_logprobs_num = req.top_logprobs_num
+    if req.prompt_logprobs is not None:
+        pb.logprob.logprob_start_len = req.prompt_logprobs.start
+        pb.logprob.prompt_top_logprobs_num = req.prompt_logprobs.num_top
+    if req.session is not None:
+        s = req.session
+        pb.session_params.id = s.id
+        pb.session_params.rid = s.rid
+        pb.session_params.offset = s.offset
+        pb.session_params.replace = s.replace
+        pb.session_params.drop_previous_output = s.drop_previous_output
+    return pb
+
+
+def session_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> SessionParams | None:
+    if not pb.HasField("session_params"):
+        return None
+    s = pb.session_params
+    return SessionParams(s.id, s.rid, s.offset, s.replace, s.drop_previous_output)
+
+
+def prompt_logprobs_from_pb(
+    pb: scheduler_pb2.TokenizedGenerateReqInput,
+) -> PromptLogprobState | None:
+    """What prompt logprobs the request asked for: none unless logprob_start_len is set;
+    alternatives as many as prompt_top_logprobs_num, else top_logprobs_num."""
+    opts = pb.logprob
+    if not opts.HasField("logprob_start_len"):
+        return None
+    num_top = (
+        opts.prompt_top_logprobs_num
+        if opts.HasField("prompt_top_logprobs_num")
+        else opts.top_logprobs_num
+    )
+    return PromptLogprobState.create(pb.input_ids, opts.logprob_start_len, num_top)
+
+
+def prompt_logprob_to_pb(entry: PromptLogprob) -> common_pb2.TokenLogprob:
+    """The first prompt token (no logprob) has ``no_logprob`` set and no rank."""
+    top = [common_pb2.TopLogprob(token_id=t, logprob=v) for t, v in entry.top]
+    if entry.logprob is None:
+        return common_pb2.TokenLogprob(token_id=entry.token_id, no_logprob=True)
+    return common_pb2.TokenLogprob(
+        token_id=entry.token_id, logprob=entry.logprob, rank=entry.rank, top=top
+    )
+
+
+def times_from_pb(pb: common_pb2.StageTimes, *, with_own: bool = False) -> ReqTimes:
+    """The stamps a client may bring (0 is unset), and with ``with_own`` the scheduler's
+    own too (queued, ...): a row coming back from the engine process carries them all."""
+    times = ReqTimes(
+        received=pb.received or None,
+        templated=pb.templated or None,
+        tokenized=pb.tokenized or None,
+        dispatched=pb.dispatched or None,
+    )
+    if with_own:
+        times.queued = pb.queued or None
+        times.scheduled = pb.scheduled or None
+        times.first_token = pb.first_token or None
+        times.finished = pb.finished or None
+    return times
+
+
+def times_to_pb(times: ReqTimes) -> common_pb2.StageTimes:
+    """Every stamp reached; one never reached stays 0 (unset)."""
+    return common_pb2.StageTimes(
+        received=times.received or 0.0,
+        templated=times.templated or 0.0,
+        tokenized=times.tokenized or 0.0,
+        dispatched=times.dispatched or 0.0,
+        queued=times.queued or 0.0,
+        scheduled=times.scheduled or 0.0,
+        first_token=times.first_token or 0.0,
+        finished=times.finished or 0.0,
+    )
+
+
+def finish_to_pb(finish: FinishInfo) -> common_pb2.FinishReason:
+    pb = common_pb2.FinishReason(kind=_FINISH_KINDS[finish.kind], message=finish.message)
+    if isinstance(finish.matched, str):
+        pb.matched_str = finish.matched
+    elif isinstance(finish.matched, int):
+        pb.matched_token_id = finish.matched
+    return pb
+
+
+def finish_from_pb(pb: common_pb2.FinishReason) -> FinishInfo:
+    matched_field = pb.WhichOneof("matched")
+    matched = None if matched_field is None else getattr(pb, matched_field)
+    return FinishInfo(_FINISH_NAMES[pb.kind], matched, pb.message)
+
+
+def row_to_pb(row: OutputRow) -> scheduler_pb2.TokenIDRow:
+    pb = scheduler_pb2.TokenIDRow(
+        rid=row.rid,
+        new_token_ids=row.new_token_ids,
+        prompt_tokens=row.num_prompt_tokens,
+        completion_tokens=row.num_output_tokens,
+        cached_tokens=row.num_cached_tokens,
+        logprobs=[
+            common_pb2.TokenLogprob(
+                token_id=tok,
+                logprob=lp,
+                top=[common_pb2.TopLogprob(token_id=t, logprob=v) for t, v in top],
+            )
+            for tok, lp, top in row.logprobs
+        ],
+    )
+    if row.input_logprobs:
+        pb.input_token_logprobs.extend(prompt_logprob_to_pb(e) for e in row.input_logprobs)
+    if row.finish is not None:
+        pb.finish_reason.CopyFrom(finish_to_pb(row.finish))
+    if row.times is not None:
+        pb.times.CopyFrom(times_to_pb(row.times))
+    if row.init is not None:
+        flags = row.init.flags
+        pb.has_init = True
+        pb.reply_to = flags.reply_to
+        pb.skip_special_tokens = flags.skip_special_tokens
+        pb.spaces_between_special_tokens = flags.spaces_between_special_tokens
+        pb.no_stop_trim = flags.no_stop_trim
+        pb.stop.extend(flags.stop)
+        pb.prompt_tail_ids.extend(row.init.prompt_tail_ids)
+    return pb
+
+
+def row_from_pb(pb: scheduler_pb2.TokenIDRow) -> OutputRow:
+    """The inverse of ``row_to_pb``, for what reads rows back (tests and tools): the gRPC
+    process itself forwards the engine process's rows without decoding them."""
+    init = None
+    if pb.has_init:
+        flags = DecodeFlags(
+            reply_to=pb.reply_to,
+            skip_special_tokens=pb.skip_special_tokens,
+            spaces_between_special_tokens=pb.spaces_between_special_tokens,
+            no_stop_trim=pb.no_stop_trim,
+            stop=tuple(pb.stop),
+        )
+        init = RowInit(flags, tuple(pb.prompt_tail_ids))
+    return OutputRow(
+        rid=pb.rid,
+        new_token_ids=tuple(pb.new_token_ids),
+        finish=finish_from_pb(pb.finish_reason) if pb.HasField("finish_reason") else None,
+        num_prompt_tokens=pb.prompt_tokens,
+        num_output_tokens=pb.completion_tokens,
+        num_cached_tokens=pb.cached_tokens,
+        logprobs=tuple(
+            (e.token_id, e.logprob, [(t.token_id, t.logprob) for t in e.top]) for e in pb.logprobs
+        ),
+        times=times_from_pb(pb.times, with_own=True) if pb.HasField("times") else None,
+        init=init,
+        input_logprobs=tuple(_prompt_logprob_from_pb(e) for e in pb.input_token_logprobs),
+    )
+
+
+def _prompt_logprob_from_pb(pb: common_pb2.TokenLogprob) -> PromptLogprob:
+    top = tuple((t.token_id, t.logprob) for t in pb.top)
+    if pb.no_logprob:
+        return PromptLogprob(pb.token_id, None, 0, top)
+    return PromptLogprob(pb.token_id, pb.logprob, pb.rank, top)

@@ -1,0 +1,85 @@
+"""``--batch-invariant``: a request's logits and greedy tokens are bit-identical alone and in
+any batch, on every ISA level this CPU can be capped to.
+
+oneDNN (``ONEDNN_MAX_CPU_ISA``) and ATen (``ATEN_CPU_CAPABILITY``) pick their kernels once,
+at process start, at or below what the CPU has; so each level runs the probe
+(``batch_invariance_probe.py``) in a subprocess of its own. A cap cannot add what the CPU
+lacks: the AMX level is checked only on a CPU with AMX.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.live
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+# (oneDNN cap, ATen capability, CPU flags it needs), lowest first.
+ISA_LEVELS = (
+    ("SSE41", "default", {"sse4_1"}),
+    ("AVX2", "avx2", {"avx2", "fma"}),
+    ("AVX512_CORE", "avx512", {"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+    ("AVX512_CORE_BF16", "avx512", {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}),
+    ("AVX512_CORE_AMX", "avx512", {"avx512_bf16", "amx_tile", "amx_bf16"}),
+)
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux reports them (empty where /proc has none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def levels_this_cpu_has() -> list[tuple[str, str]]:
+    flags = cpu_flags()
+    return [(onednn, aten) for onednn, aten, needs in ISA_LEVELS if needs <= flags]
+
+
+LEVELS = levels_this_cpu_has() if platform.machine() in ("x86_64", "AMD64") else []
+
+
+def run_probe(model_dir: Path, level: tuple[str, str]) -> list[dict]:
+    """The probe's reports under ``level``'s caps; our compiled kernels do not change with
+    a cap, so they are checked only at the CPU's own (highest) level."""
+    env = dict(os.environ)
+    command = [sys.executable, "-m", "tests.scheduler.model_executor.batch_invariance_probe"]
+    command += ["--model", str(model_dir)]
+    if level[0] != "uncapped":
+        env |= {"ONEDNN_MAX_CPU_ISA": level[0], "ATEN_CPU_CAPABILITY": level[1]}
+    if LEVELS and level != LEVELS[-1]:
+        command.append("--skip-kernel")
+    done = subprocess.run(
+        command,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("level", LEVELS or [("uncapped", "uncapped")], ids=lambda level: level[0])
+def test_a_request_is_bit_identical_alone_and_in_any_batch(
+    level: tuple[str, str], default_model_dir: Path
+) -> None:
+    reports = run_probe(default_model_dir, level)
+    assert {r["dtype"] for r in reports} == {"bfloat16", "float32"}
+    for report in reports:
+        assert report["steps"] > 0
+        assert report["differences"] == [], report
