@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.client import StreamCall, until_disconnected
 from gateway.errors import GatewayError, from_rpc_error
-from gateway.render.openai.text_frames import Frame, TextFrames, TextSlot
+from gateway.render.text_frames import Frame, TextFrames, TextSlot
 from gateway.responses import JsonBody
 
 logger = logging.getLogger(__name__)

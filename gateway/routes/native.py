@@ -23,7 +23,7 @@ from gateway.errors import error_body
 from gateway.extra_fields import check_extra_fields
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import BODY_ERRORS, GENERATION_ERRORS, error_responses, responses
-from gateway.render.openai.generate import GenerateRenderer, GenerateView
+from gateway.render.generate import GenerateRenderer, GenerateView
 from gateway.responses import (
     DetokenizeResponse,
     GenerateOutput,

@@ -13,7 +13,7 @@ from gateway.convert import chat_request_to_proto, completion_request_to_proto
 from gateway.errors import GatewayError
 from gateway.extra_fields import check_extra_fields
 from gateway.openapi import GENERATION_ERRORS, READ_ERRORS, responses
-from gateway.render.openai.openai import (
+from gateway.render.openai import (
     chat_chunk,
     chat_completion_to_dict,
     completion_to_dict,
@@ -21,7 +21,7 @@ from gateway.render.openai.openai import (
     model_to_dict,
     text_completion,
 )
-from gateway.render.openai.text_frames import CHAT_TEXT, COMPLETION_TEXT
+from gateway.render.text_frames import CHAT_TEXT, COMPLETION_TEXT
 from gateway.responses import ChatCompletion, ChatCompletionChunk, Completion, Model, ModelList
 from gateway.schemas import ChatCompletionBody, CompletionBody, SharedRequestBody
 from gateway.sse import respond

@@ -5,13 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from gateway.render.openai.openai import (
-    chat_chunk,
-    chat_completion_to_dict,
-    completion_to_dict,
-    text_completion,
-    usage_to_dict,
-)
 from google.protobuf import json_format
 from tokenline.v1 import common_pb2, openai_pb2
 
@@ -22,6 +15,13 @@ from gateway.convert import (
     generate_request_to_proto,
 )
 from gateway.errors import GatewayError, error_body, param_from_loc
+from gateway.render.openai import (
+    chat_chunk,
+    chat_completion_to_dict,
+    completion_to_dict,
+    text_completion,
+    usage_to_dict,
+)
 from gateway.schemas import ChatCompletionBody, CompletionBody, GenerateBody
 from gateway.sse import sse_frame
 

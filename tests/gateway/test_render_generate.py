@@ -6,9 +6,9 @@ import math
 from typing import Any
 
 import pytest
-from gateway.render.openai.generate import GenerateRenderer, GenerateView, input_logprobs
 from tokenline.v1 import common_pb2, generate_pb2
 
+from gateway.render.generate import GenerateRenderer, GenerateView, input_logprobs
 from gateway.responses import GenerateOutput, GenerateResponse
 from gateway.schemas import GenerateBody
 

@@ -8,18 +8,18 @@ from functools import partial
 from typing import Any
 
 import pytest
-from gateway.render.openai.openai import chat_chunk, text_completion
-from gateway.render.openai.text_frames import (
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenline.v1 import openai_pb2
+
+from gateway.render.openai import chat_chunk, text_completion
+from gateway.render.text_frames import (
     _MARKER,
     CHAT_TEXT,
     COMPLETION_TEXT,
     TextFrames,
     TextSlot,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from tokenline.v1 import openai_pb2
-
 from gateway.sse import sse_frame
 
 SHAPES = [

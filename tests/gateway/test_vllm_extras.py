@@ -7,12 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from gateway.render.openai.openai import chat_chunk, chat_completion_to_dict, completion_to_dict
 from tokenline.v1 import openai_pb2
 
 from gateway.convert import chat_request_to_proto, completion_request_to_proto
 from gateway.errors import GatewayError
 from gateway.extra_fields import check_extra_fields
+from gateway.render.openai import chat_chunk, chat_completion_to_dict, completion_to_dict
 from gateway.schemas import ChatCompletionBody, CompletionBody
 
 EXTRAS = ("add_special_tokens", "truncate_prompt_tokens", "priority")
