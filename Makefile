@@ -52,8 +52,10 @@ $(MODEL_DIR)/config.json: | $(STAMP)
 # The engine's compiled kernels for this machine, the sampler's and decode attention's
 # (sample_kernel.py): built once, kept while torch, the CPU and the sources are unchanged;
 # where they cannot be built (no C++ compiler) the engine keeps its eager paths, so a
-# failure here stops nothing.
+# failure here stops nothing. A checkpoint no native path serves is refused first, in one
+# line, before any compile.
 kernels: $(MODEL_DIR)/config.json
+	$(PY) -m services.scheduler.model.registry $(MODEL_DIR)
 	-$(PY) -m services.scheduler.sample_kernel --model $(MODEL_DIR)
 
 model: setup $(MODEL_DIR)/config.json kernels

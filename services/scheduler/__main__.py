@@ -20,6 +20,7 @@ from services.scheduler.engine_process import EngineLaunch
 from services.scheduler.engine_thread import EngineThread
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.model.dtype import AUTO, DTYPES
+from services.scheduler.model.registry import UnsupportedModelError, check_native_support
 from services.scheduler.server import SchedulerServicer
 from services.scheduler.stats import SchedulerStats
 
@@ -116,7 +117,17 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+def refuse_unservable(model_dir: str) -> None:
+    """Exit with one line, before any fork, kernel build or weight read, when no path can
+    serve the checkpoint."""
+    try:
+        check_native_support(model_dir)
+    except (UnsupportedModelError, FileNotFoundError) as exc:
+        raise SystemExit(str(exc)) from None
+
+
 async def serve(config: SchedulerProcessConfig) -> None:
+    refuse_unservable(config.model)
     # Forked first, before gRPC or anything else starts a thread (engine_process.py).
     launch = EngineLaunch(config) if config.engine == "process" else None
     process = GrpcProcess(

@@ -67,8 +67,8 @@ class GemmaRMSNorm(RMSNorm):
 class RotaryEmbedding:
     """cos/sin tables for a step's positions, computed per step (cheap, no length cap).
 
-    LongRoPE picks its long factors for a request once its sequence passes the original
-    context, decided per request and step as HF decides per forward call.
+    LongRoPE picks its long factors once a sequence passes the original context, the way
+    HF decides it (see ``_is_long``).
     """
 
     def __init__(self, theta: float, rotary_dim: int, scaling: RopeScaling) -> None:
@@ -95,12 +95,18 @@ class RotaryEmbedding:
         return (emb.cos() * factor).to(dtype), (emb.sin() * factor).to(dtype)
 
     def _is_long(self, batch: ForwardBatch) -> torch.Tensor:
-        """[T] bool: the token's request ends this step past the original context."""
+        """[T] bool: long factors for the token. HF decides per forward call by its last
+        position: a prompt's tokens all by the prompt's length, a decoded token by its own
+        position. With prompt lengths known, that is per token and no chunking of the
+        prefill changes it; without them, per request and step."""
         device = batch.positions.device
-        seq_lens = torch.tensor(batch.seq_lens, device=device)
+        lengths = batch.prompt_lens if batch.prompt_lens is not None else batch.seq_lens
+        per_req = torch.tensor(lengths, device=device)
         extend_lens = torch.tensor(batch.extend_lens, device=device)
-        per_token = torch.repeat_interleave(seq_lens, extend_lens)
-        return per_token > self._scaling.original_max_position_embeddings
+        reach = torch.maximum(
+            torch.repeat_interleave(per_req, extend_lens), batch.positions + 1
+        )
+        return reach > self._scaling.original_max_position_embeddings
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

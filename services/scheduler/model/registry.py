@@ -3,6 +3,7 @@ no native path can run, given before any kernel is built or weight read."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from services.scheduler.model.causal_lm import NativeCausalLM
@@ -77,3 +78,23 @@ def _check_features(config: ModelConfig) -> None:
 
 def _describe(exc: Exception) -> str:
     return f"config.json lacks {exc}" if isinstance(exc, KeyError) else str(exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m services.scheduler.model.registry MODEL_DIR``: exit 1 with the one-line
+    refusal when no native path serves the checkpoint (``make`` runs it before kernels)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m services.scheduler.model.registry MODEL_DIR", file=sys.stderr)
+        return 2
+    try:
+        config = check_native_support(args[0])
+    except (UnsupportedModelError, FileNotFoundError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"{args[0]}: {config.architecture}, native path")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
