@@ -81,7 +81,8 @@ def build_engine(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
             max_waiting_requests=config.max_waiting_requests,
             max_num_batched_tokens=config.max_num_batched_tokens,
             context_length=context,
-            enable_prefix_cache=not config.disable_prefix_cache and is_prefix_cache_exact(model_config),
+            enable_prefix_cache=not config.disable_prefix_cache
+            and is_prefix_cache_exact(model_config),
             stream_interval=config.stream_interval,
             overlap_schedule=config.overlap_schedule,
         ),

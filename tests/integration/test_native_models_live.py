@@ -115,4 +115,6 @@ def test_greedy_completions_and_prompt_logprobs_match_hf(
         entries = choice.model_extra["prompt_logprobs"]
         assert entries[0] is None and len(entries) == len(ids)
         got = torch.tensor([entries[pos][str(ids[pos])]["logprob"] for pos in range(1, len(ids))])
-        torch.testing.assert_close(got, hf_prompt_logprobs(hf_model, ids), atol=LOGPROB_ATOL, rtol=0.0)
+        torch.testing.assert_close(
+            got, hf_prompt_logprobs(hf_model, ids), atol=LOGPROB_ATOL, rtol=0.0
+        )

@@ -25,9 +25,7 @@ def new_pool(config: ModelConfig, num_tokens: int, dtype: torch.dtype = torch.fl
     return KVPool(num_tokens, config.num_layers, config.num_kv_heads, config.head_dim, dtype)
 
 
-def our_greedy(
-    model: NativeCausalLM, config: ModelConfig, prompt: list[int], n: int
-) -> list[int]:
+def our_greedy(model: NativeCausalLM, config: ModelConfig, prompt: list[int], n: int) -> list[int]:
     """Prefill the whole prompt, then decode one token per step through the KV pool."""
     pool = new_pool(config, len(prompt) + n)
     slots = pool.allocate(len(prompt) + n)

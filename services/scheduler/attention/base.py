@@ -32,8 +32,8 @@ class AttentionBackend(ABC):
 
     Semantics every backend implements: new token ``j`` of request ``i`` (absolute
     position ``p``) attends to the request's KV at positions ``0..p``, i.e. its cached
-    prefix plus new tokens up to itself (the last ``window`` of them under a window plan). Results must agree with the ``torch`` backend
-    to floating-point tolerance.
+    prefix plus new tokens up to itself (the last ``window`` of them under a window
+    plan). Results must agree with the ``torch`` backend to floating-point tolerance.
     """
 
     name: str

@@ -226,9 +226,7 @@ def _moe(raw: dict[str, Any], architecture: str, num_layers: int) -> MoeConfig |
         num_experts=num_experts,
         top_k=int(raw["num_experts_per_tok"]),
         intermediate_size=int(raw.get("moe_intermediate_size") or raw["intermediate_size"]),
-        norm_topk_prob=bool(
-            raw.get("norm_topk_prob", _NORM_TOPK_DEFAULT.get(architecture, False))
-        ),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", _NORM_TOPK_DEFAULT.get(architecture, False))),
         sparse_layers=frozenset(
             i for i in range(num_layers) if i not in dense and (i + 1) % step == 0
         ),

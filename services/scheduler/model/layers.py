@@ -81,8 +81,9 @@ class RotaryEmbedding:
     def __call__(self, batch: ForwardBatch, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         positions = batch.positions
         if self._short.device != positions.device:
-            self._short, self._long = self._short.to(positions.device), self._long.to(
-                positions.device
+            self._short, self._long = (
+                self._short.to(positions.device),
+                self._long.to(positions.device),
             )
         freqs = positions.float()[:, None] * self._short[None, :]
         if self._scaling.has_long_factors:
@@ -103,9 +104,7 @@ class RotaryEmbedding:
         lengths = batch.prompt_lens if batch.prompt_lens is not None else batch.seq_lens
         per_req = torch.tensor(lengths, device=device)
         extend_lens = torch.tensor(batch.extend_lens, device=device)
-        reach = torch.maximum(
-            torch.repeat_interleave(per_req, extend_lens), batch.positions + 1
-        )
+        reach = torch.maximum(torch.repeat_interleave(per_req, extend_lens), batch.positions + 1)
         return reach > self._scaling.original_max_position_embeddings
 
 

@@ -102,7 +102,9 @@ def test_greedy_matches_hf(
 ) -> None:
     _, _, model, config = case
     expected, gaps = hf_expected[name]
-    assert_same_greedy(name, expected, gaps, our_greedy(model, config, prompt_ids[name], NEW_TOKENS))
+    assert_same_greedy(
+        name, expected, gaps, our_greedy(model, config, prompt_ids[name], NEW_TOKENS)
+    )
 
 
 def test_greedy_matches_hf_with_decode_kernel(
@@ -111,7 +113,9 @@ def test_greedy_matches_hf_with_decode_kernel(
     """The compiled decode kernel reads a windowed layer's last keys only, like HF."""
     _, _, model, config = case
     expected, gaps = hf_expected["long"]
-    assert_same_greedy("long", expected, gaps, our_greedy(model, config, prompt_ids["long"], NEW_TOKENS))
+    assert_same_greedy(
+        "long", expected, gaps, our_greedy(model, config, prompt_ids["long"], NEW_TOKENS)
+    )
 
 
 def test_prompt_logprobs_match_hf(case: Case, prompt_ids: dict[str, list[int]]) -> None:
