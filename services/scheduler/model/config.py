@@ -25,6 +25,7 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 # Router normalisation when config.json does not say: Mixtral always renormalises its
 # top-k probabilities; Qwen3-MoE's config class defaults norm_topk_prob to False.
 _NORM_TOPK_DEFAULT = {"MixtralForCausalLM": True}
+_LOCAL_ROPE_THETA_DEFAULT = {"Gemma3ForCausalLM": 10000.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +125,7 @@ class ModelConfig:
             dtype=_dtype(raw),
             layer_windows=_layer_windows(raw, num_layers, sliding_window),
             rotary_dim=int(head_dim * _partial_rotary_factor(raw)),
-            local_rope_theta=_local_rope_theta(raw),
+            local_rope_theta=_local_rope_theta(raw, architecture),
             hidden_act=str(raw.get("hidden_activation") or raw.get("hidden_act") or "silu"),
             query_pre_attn_scalar=_optional_float(raw, "query_pre_attn_scalar"),
             attn_logit_softcapping=_optional_float(raw, "attn_logit_softcapping"),
@@ -172,15 +173,16 @@ def _rope_theta(params: dict[str, Any], raw: dict[str, Any], default: float) -> 
     return float(params.get("rope_theta") or raw.get("rope_theta") or default)
 
 
-def _local_rope_theta(raw: dict[str, Any]) -> float | None:
-    """The sliding layers' RoPE base: Gemma 3's per-type dict or legacy rope_local_base_freq."""
+def _local_rope_theta(raw: dict[str, Any], architecture: str) -> float | None:
+    """The sliding layers' RoPE base: Gemma 3's per-type dict or legacy rope_local_base_freq
+    (whose Gemma 3 default is 10,000)."""
     params = _rope_params(raw)
     if SLIDING in params:
         local = params[SLIDING]
         if (local.get("rope_type") or "default") != "default":
             raise ValueError(f"unsupported rope type {local.get('rope_type')!r} on sliding layers")
         return float(local["rope_theta"])
-    value = raw.get("rope_local_base_freq")
+    value = raw.get("rope_local_base_freq", _LOCAL_ROPE_THETA_DEFAULT.get(architecture))
     return float(value) if value is not None else None
 
 
