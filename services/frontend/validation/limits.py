@@ -34,7 +34,7 @@ class ModelLimits:
 
     def served_by(self, scheduler_context_length: int) -> ModelLimits:
         """These limits with the schedulers' context length, which already counts their
-        sliding window and KV pool; 0 (no scheduler reported yet) keeps the model's."""
+        KV pool; 0 (no scheduler reported yet) keeps the model's."""
         if not scheduler_context_length:
             return self
         context = scheduler_context_length

@@ -82,7 +82,8 @@ class StepPlan:
         requests' slot lists are complete then). ``copy_slots`` for a runner on another
         thread: the engine thread goes on growing the live lists while it reads them."""
         kv_slots = [list(r.kv_slots) if copy_slots else r.kv_slots for r in self.reqs]
-        return ForwardPlan(self.chunks, self.prefix_lens, kv_slots, logit_rows, spans)
+        prompt_lens = [len(r.input_ids) for r in self.reqs]
+        return ForwardPlan(self.chunks, self.prefix_lens, kv_slots, logit_rows, spans, prompt_lens)
 
 
 class Scheduler:

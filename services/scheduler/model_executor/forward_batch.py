@@ -25,6 +25,9 @@ class ForwardBatch:
     seq_lens: list[int]  # per request: tokens in KV after this step (prefix + new)
     extend_lens: list[int]  # per request: new tokens in this step
     kv_slots: list[torch.Tensor]  # per request: [seq_len] int64 pool slots, in order
+    # per request: its prompt's length, where the caller knows it. LongRoPE reads it: HF
+    # picks one factor set for a whole prompt by the prompt's length. None = unknown.
+    prompt_lens: list[int] | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -45,6 +48,7 @@ class ForwardBatch:
         prefix_lens: list[int],
         kv_slots: list[list[int]],
         device: torch.device | str = "cpu",
+        prompt_lens: list[int] | None = None,
     ) -> ForwardBatch:
         """Assemble a batch from per-request new tokens and their full slot lists.
 
@@ -77,4 +81,5 @@ class ForwardBatch:
             seq_lens=seq_lens,
             extend_lens=extend_lens,
             kv_slots=list(as_tensor(all_slots).split(seq_lens)),
+            prompt_lens=prompt_lens,
         )

@@ -52,6 +52,7 @@ class ForwardPlan:
     kv_slots: list[list[int]]  # per request: every pool slot, cached prefix then new tokens
     logit_rows: list[int]  # requests whose last new token is sampled, in batch order
     prompt_spans: list[PromptSpan] = field(default_factory=list)  # rows to score
+    prompt_lens: list[int] = field(default_factory=list)  # per request; empty = unknown
 
     @property
     def num_tokens(self) -> int:
@@ -96,7 +97,13 @@ class ModelRunner:
     def run(self, plan: ForwardPlan) -> ForwardOutput:
         """``forward``'s logits, and the prompt logprobs of each of ``plan.prompt_spans``
         (host values, in span order) from the same hidden states."""
-        batch = ForwardBatch.build(plan.new_token_ids, plan.prefix_lens, plan.kv_slots, self.device)
+        batch = ForwardBatch.build(
+            plan.new_token_ids,
+            plan.prefix_lens,
+            plan.kv_slots,
+            self.device,
+            prompt_lens=plan.prompt_lens or None,
+        )
         meta = self.attn_backend.plan(batch)  # once per step, shared by every layer
         hidden = self.model.hidden_states(batch, meta, self.kv_pool)
         scored = self._score_prompts(hidden, plan) if plan.prompt_spans else []

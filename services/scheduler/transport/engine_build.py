@@ -92,7 +92,8 @@ def build_scheduler(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
             max_waiting_requests=config.max_waiting_requests,
             max_num_batched_tokens=config.max_num_batched_tokens,
             context_length=context,
-            enable_prefix_cache=not config.disable_prefix_cache,
+            enable_prefix_cache=not config.disable_prefix_cache
+            and is_prefix_cache_exact(model_config),
             stream_interval=config.stream_interval,
             overlap_schedule=config.overlap_schedule,
         ),
@@ -104,6 +105,16 @@ def build_scheduler(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
     if config.overlap_schedule:
         logger.info("overlap scheduling on: decode steps chain on a forward worker thread")
     return scheduler, choice.name
+
+
+def is_prefix_cache_exact(model_config: ModelConfig) -> bool:
+    """Whether a cached prefix's K/V is what this request would compute itself. LongRoPE's
+    factors depend on the prompt's length, so a prefix cached by a shorter (or longer)
+    prompt can hold keys rotated by the other factor set: its cache stays off."""
+    if model_config.rope_scaling.has_long_factors:
+        logger.info("prefix cache off: LongRoPE keys depend on each prompt's length")
+        return False
+    return True
 
 
 def build_kernels_if_missing(model_dir: str) -> None:

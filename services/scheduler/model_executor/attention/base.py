@@ -32,16 +32,20 @@ class AttentionBackend(ABC):
 
     Semantics every backend implements: new token ``j`` of request ``i`` (absolute
     position ``p``) attends to the request's KV at positions ``0..p``, i.e. its cached
-    prefix plus new tokens up to itself. Results must agree with the ``torch`` backend
-    to floating-point tolerance.
+    prefix plus new tokens up to itself (the last ``window`` of them under a window
+    plan). Results must agree with the ``torch`` backend to floating-point tolerance.
     """
 
     name: str
 
     @abstractmethod
-    def plan(self, batch: ForwardBatch) -> AttentionMetadata:
-        """Derive index tensors and masks for ``batch``; called once per forward step,
-        before any layer runs."""
+    def plan(self, batch: ForwardBatch, window: int | None = None) -> AttentionMetadata:
+        """Derive index tensors and masks for ``batch``; called once per forward step and
+        attention window, before any layer runs.
+
+        With a ``window``, the token at position ``p`` attends only to positions
+        ``p - window + 1 .. p`` (HF's sliding window: the last ``window`` keys, itself
+        included); a layer with that window is handed this plan."""
 
     @abstractmethod
     def forward(

@@ -49,6 +49,7 @@ class FlashAttnMetadata(AttentionMetadata):
     max_seqlen_q: int
     max_seqlen_k: int
     kv_slots: torch.Tensor  # [sum(seq_lens)] every request's slots, concatenated
+    window: int | None = None  # keys per query under a sliding window; None = all
 
 
 class FlashAttnBackend(AttentionBackend):
@@ -63,7 +64,7 @@ class FlashAttnBackend(AttentionBackend):
             )
         self._varlen = load_varlen_kernel()
 
-    def plan(self, batch: ForwardBatch) -> FlashAttnMetadata:
+    def plan(self, batch: ForwardBatch, window: int | None = None) -> FlashAttnMetadata:
         device = batch.input_ids.device
         return FlashAttnMetadata(
             batch=batch,
@@ -72,6 +73,7 @@ class FlashAttnBackend(AttentionBackend):
             max_seqlen_q=max(batch.extend_lens, default=0),
             max_seqlen_k=max(batch.seq_lens, default=0),
             kv_slots=torch.cat(batch.kv_slots) if batch.kv_slots else batch.out_cache_loc,
+            window=window,
         )
 
     def forward(
@@ -100,6 +102,8 @@ class FlashAttnBackend(AttentionBackend):
             max_seqlen_k=meta.max_seqlen_k,
             softmax_scale=scale,
             causal=True,
+            # (left, right) keys beside the diagonal; the kernel's own sliding window
+            window_size=(-1, -1) if meta.window is None else (meta.window - 1, 0),
         )
         return out
 

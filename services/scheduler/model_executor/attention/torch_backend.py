@@ -38,8 +38,8 @@ class ExtendSpan:
     start: int
     length: int
     prefix_len: int  # tokens already in KV before this step
-    slots: torch.Tensor  # [prefix_len + length] pool slots
-    mask: torch.Tensor | None  # [length, prefix_len + length] bool; None = plain causal
+    slots: torch.Tensor  # pool slots of the keys the span's queries see (a window trims)
+    mask: torch.Tensor | None  # [length, len(slots)] bool; None = plain causal
 
 
 @dataclass(slots=True)
@@ -78,7 +78,7 @@ class TorchAttentionBackend(AttentionBackend):
         self.decode_kernel = False
         self.batch_invariant = batch_invariant
 
-    def plan(self, batch: ForwardBatch) -> TorchAttentionMetadata:
+    def plan(self, batch: ForwardBatch, window: int | None = None) -> TorchAttentionMetadata:
         meta = TorchAttentionMetadata(batch=batch)
         decode_rows: list[int] = []
         decode_slots: list[torch.Tensor] = []
@@ -88,9 +88,11 @@ class TorchAttentionBackend(AttentionBackend):
         ):
             if length == 1:
                 decode_rows.append(start)
-                decode_slots.append(slots)
+                # A windowed decode token sees its last ``window`` keys: the kernel and
+                # the padded SDPA call both read a table holding just those.
+                decode_slots.append(slots if window is None else slots[-window:])
             elif length > 1:
-                meta.extends.append(_extend_span(start, length, seq_len, slots))
+                meta.extends.append(_extend_span(start, length, seq_len, slots, window))
             start += length
         if decode_rows:
             meta.decode = _decode_group(decode_rows, decode_slots)
@@ -188,15 +190,21 @@ def _decode_one_by_one(
     return torch.cat(outs)
 
 
-def _extend_span(start: int, length: int, seq_len: int, slots: torch.Tensor) -> ExtendSpan:
+def _extend_span(
+    start: int, length: int, seq_len: int, slots: torch.Tensor, window: int | None
+) -> ExtendSpan:
+    """Queries at positions ``prefix_len..seq_len-1`` over the keys any of them sees: all
+    of the context, or under a ``window`` only from the first query's window on."""
     prefix_len = seq_len - length
-    mask = None
-    if prefix_len > 0:
-        # Causal with an offset: new token j sees keys 0..prefix_len + j.
-        keys = torch.arange(seq_len, device=slots.device)
-        queries = torch.arange(prefix_len, seq_len, device=slots.device)
-        mask = keys[None, :] <= queries[:, None]
-    return ExtendSpan(start, length, prefix_len, slots, mask)
+    first_key = 0 if window is None else max(0, prefix_len - window + 1)
+    if prefix_len == 0 and (window is None or window >= length):
+        return ExtendSpan(start, length, prefix_len, slots, None)  # plain causal
+    keys = torch.arange(first_key, seq_len, device=slots.device)
+    queries = torch.arange(prefix_len, seq_len, device=slots.device)
+    mask = keys[None, :] <= queries[:, None]  # causal with an offset
+    if window is not None:
+        mask &= keys[None, :] > queries[:, None] - window
+    return ExtendSpan(start, length, prefix_len, slots[first_key:], mask)
 
 
 def _decode_group(rows: list[int], slots: list[torch.Tensor]) -> DecodeGroup:

@@ -20,9 +20,13 @@ import transformers
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-from services.scheduler.model_executor.models.config import SUPPORTED_ARCHITECTURES
 from services.scheduler.model_executor.models.dtype import DTYPES
-from services.scheduler.model_executor.models.registry import native_model_class
+from services.scheduler.model_executor.models.registry import (
+    NATIVE_MODELS,
+    UnsupportedModelError,
+    check_native_support,
+    native_model_class,
+)
 
 ModelImplName = Literal["auto", "native", "transformers"]
 ModelPath = Literal["native", "transformers"]
@@ -37,10 +41,6 @@ _UNHONOURED_ATTENTION = {
     "use_alibi": "ALiBi position biases",
 }
 _ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
-
-
-class UnsupportedModelError(ValueError):
-    """A checkpoint no path can serve as asked; the message is one line for the operator."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,22 +61,34 @@ def resolve_model_impl(model_dir: str | Path, requested: str = "auto") -> ModelI
     architectures = list(raw.get("architectures") or [])
     dtype = _checkpoint_dtype(raw)
     native = [a for a in architectures if native_model_class(a) is not None]
-    if native and requested != "transformers":
+    native_refusal = _native_refusal(model_dir) if native else None
+    if native and native_refusal is None and requested != "transformers":
         return ModelImpl(native[0], "native", dtype)
     refusal = transformers_refusal(Path(model_dir), architectures)
+    supported = ", ".join(sorted(NATIVE_MODELS))
     if requested == "native":
         serve_by = "use --model-impl transformers" if refusal is None else refusal
+        why = f"{native_refusal}; " if native_refusal else ""
         raise UnsupportedModelError(
             f"unsupported architectures {architectures} for --model-impl native "
-            f"(native: {', '.join(SUPPORTED_ARCHITECTURES)}); {serve_by}"
+            f"(native: {supported}); {why}{serve_by}"
         )
     if refusal is not None:
         raise UnsupportedModelError(
             f"unsupported architectures {architectures}: {refusal}; tokenline serves "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)} natively and other decoder-only "
-            "causal LMs through transformers"
+            f"{supported} natively and other decoder-only causal LMs through transformers"
         )
     return ModelImpl(architectures[0], "transformers", dtype)
+
+
+def _native_refusal(model_dir: str | Path) -> str | None:
+    """Why the native module of this architecture cannot run this checkpoint (a config
+    feature it does not compute), or None when it can."""
+    try:
+        check_native_support(model_dir)
+    except UnsupportedModelError as exc:
+        return str(exc)
+    return None
 
 
 def transformers_refusal(model_dir: Path, architectures: list[str]) -> str | None:

@@ -1,0 +1,244 @@
+"""The layers every native architecture is built from, over a flat ForwardBatch and a KVPool.
+
+Every step runs on one flat list of new tokens from many requests (prefill chunks and
+decode tokens alike); positions come from the batch, K/V go to the pool, and the
+attention backend decides how each request sees its context. Numerics follow HF
+transformers so greedy generation matches it token for token. q/k/v and gate/up are fused
+into single matmuls; the loader fills the fused weights from HF's separate ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.scheduler.mem_cache.kv_pool import KVPool
+from services.scheduler.model_executor.attention.base import AttentionBackend, AttentionMetadata
+from services.scheduler.model_executor.forward_batch import ForwardBatch
+from services.scheduler.model_executor.models.config import ModelConfig
+from services.scheduler.model_executor.models.linear import Linear
+from services.scheduler.model_executor.models.rope import RopeScaling, inv_freq
+
+GLOBAL_ROPE, LOCAL_ROPE = "global", "local"
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+@dataclass(slots=True)
+class StepContext:
+    """What every layer of one forward step shares."""
+
+    backend: AttentionBackend
+    metas: dict[int | None, AttentionMetadata]  # per attention window (None = full)
+    kv_pool: KVPool
+    rope: dict[str, tuple[torch.Tensor, torch.Tensor]]  # GLOBAL_ROPE/LOCAL_ROPE -> cos, sin
+
+
+class RMSNorm(nn.Module):
+    """Llama's RMSNorm: normalise in float32, scale by ``weight`` in the model dtype."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: the checkpoint stores ``weight - 1``, and the scaling happens in
+    float32 before the cast back (the reverse of Llama's order)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class RotaryEmbedding:
+    """cos/sin tables for a step's positions, computed per step (cheap, no length cap).
+
+    LongRoPE picks its long factors once a sequence passes the original context, the way
+    HF decides it (see ``_is_long``).
+    """
+
+    def __init__(self, theta: float, rotary_dim: int, scaling: RopeScaling) -> None:
+        # Plain tensors, not buffers: the loader builds modules on the meta device and
+        # fills only checkpoint weights, which would leave a buffer uninitialised.
+        self._short = inv_freq(theta, rotary_dim, scaling)
+        self._long = inv_freq(theta, rotary_dim, scaling, long=True)
+        self._scaling = scaling
+
+    def __call__(self, batch: ForwardBatch, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        positions = batch.positions
+        if self._short.device != positions.device:
+            self._short, self._long = (
+                self._short.to(positions.device),
+                self._long.to(positions.device),
+            )
+        freqs = positions.float()[:, None] * self._short[None, :]
+        if self._scaling.has_long_factors:
+            long = positions.float()[:, None] * self._long[None, :]
+            freqs = torch.where(self._is_long(batch)[:, None], long, freqs)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        factor = self._scaling.attention_factor
+        if factor == 1.0:
+            return emb.cos().to(dtype), emb.sin().to(dtype)
+        return (emb.cos() * factor).to(dtype), (emb.sin() * factor).to(dtype)
+
+    def _is_long(self, batch: ForwardBatch) -> torch.Tensor:
+        """[T] bool: long factors for the token. HF decides per forward call by its last
+        position: a prompt's tokens all by the prompt's length, a decoded token by its own
+        position. With prompt lengths known, that is per token and no chunking of the
+        prefill changes it; without them, per request and step. (HF's generate also
+        recomputes a sequence's whole cache when it crosses the original context; we keep
+        the earlier keys: docs/models.md.)"""
+        device = batch.positions.device
+        lengths = batch.prompt_lens if batch.prompt_lens is not None else batch.seq_lens
+        per_req = torch.tensor(lengths, device=device)
+        extend_lens = torch.tensor(batch.extend_lens, device=device)
+        reach = torch.maximum(torch.repeat_interleave(per_req, extend_lens), batch.positions + 1)
+        return reach > self._scaling.original_max_position_embeddings
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first ``cos.shape[-1]`` dims of [T, heads, D] by per-token cos/sin
+    (HF's rotate_half convention); the rest pass through (partial rotary)."""
+    rotary_dim = cos.shape[-1]
+    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    half = rotary_dim // 2
+    rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+    out = rot * cos[:, None, :] + rotated * sin[:, None, :]
+    return out if rest.shape[-1] == 0 else torch.cat((out, rest), dim=-1)
+
+
+class Attention(nn.Module):
+    """Self-attention with fused qkv, optional per-head q/k norms (applied before RoPE),
+    an attention window and a choice of RoPE table (Gemma's sliding layers differ)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        qk_norm: type[RMSNorm] | None = None,
+        rope: str = GLOBAL_ROPE,
+    ) -> None:
+        super().__init__()
+        self.layer_id, self.rope = layer_id, rope
+        self.window = config.layer_windows[layer_id] if config.layer_windows else None
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim, self.scale = config.head_dim, config.attn_scale
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.split_sizes = [q_size, kv_size, kv_size]
+        self.qkv_proj = Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
+        self.o_proj = Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
+        if qk_norm is not None:
+            self.q_norm = qk_norm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = qk_norm(self.head_dim, config.rms_norm_eps)
+        self.has_qk_norm = qk_norm is not None
+
+    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.has_qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = ctx.rope[self.rope]
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        out = ctx.backend.forward(
+            q,
+            k,
+            v,
+            layer=self.layer_id,
+            meta=ctx.metas[self.window],
+            kv_pool=ctx.kv_pool,
+            scale=self.scale,
+        )
+        return self.o_proj(out.reshape(num_tokens, -1))
+
+
+class MLP(nn.Module):
+    """Gated MLP: ``down(act(gate(x)) * up(x))`` with gate and up fused."""
+
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
+        super().__init__()
+        self.intermediate_size = intermediate_size or config.intermediate_size
+        self.act = ACTIVATIONS[config.hidden_act]
+        self.gate_up_proj = Linear(
+            config.hidden_size, 2 * self.intermediate_size, bias=config.mlp_bias
+        )
+        self.down_proj = Linear(self.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(self.act(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: attention, then the MLP (dense or experts)."""
+
+    def __init__(self, config: ModelConfig, self_attn: Attention, mlp: nn.Module) -> None:
+        super().__init__()
+        self.self_attn = self_attn
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    """Embedding, the layers, the final norm; ``embed_scale`` multiplies the embedding in
+    the model dtype (Gemma's sqrt(hidden))."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layers: list[nn.Module],
+        norm: RMSNorm,
+        embed_scale: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+        self.embed_scale = embed_scale
+
+    def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            x = x * torch.tensor(self.embed_scale).to(x.dtype)
+        for layer in self.layers:
+            x = layer(x, ctx)
+        return self.norm(x)
+
+
+def dense_mlp(config: ModelConfig, layer_id: int) -> nn.Module:
+    return MLP(config)
+
+
+def create_pre_norm_decoder(
+    config: ModelConfig,
+    qk_norm: type[RMSNorm] | None = None,
+    mlp: Callable[[ModelConfig, int], nn.Module] = dense_mlp,
+) -> DecoderModel:
+    """The Llama-shaped stack most architectures are: pre-norm layers of attention (with
+    ``qk_norm`` on q and k, if given) and ``mlp(config, layer_id)``, then a final norm."""
+    layers: list[nn.Module] = [
+        DecoderLayer(config, Attention(config, i, qk_norm=qk_norm), mlp(config, i))
+        for i in range(config.num_layers)
+    ]
+    return DecoderModel(config, layers, RMSNorm(config.hidden_size, config.rms_norm_eps))

@@ -1,0 +1,79 @@
+"""A sparse mixture-of-experts MLP, its experts computed grouped by expert over the step.
+
+The router picks ``top_k`` experts per token. Rather than loop over tokens, the step's
+(token, expert) pairs are sorted by expert so that each expert that any token chose runs
+one matmul over all of its tokens; the outputs are weighted and summed back per token with
+one ``index_add_``. The expert weights live stacked in ``[num_experts, ...]`` parameters
+(the loader stacks HF's per-expert tensors into them).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.scheduler.model_executor.models.config import ModelConfig, MoeConfig
+from services.scheduler.model_executor.models.layers import ACTIVATIONS, MLP
+from services.scheduler.model_executor.models.linear import Linear
+
+
+class Experts(nn.Module):
+    """``num_experts`` gated MLPs: ``gate_up_proj`` [E, 2 * I, H], ``down_proj`` [E, H, I]."""
+
+    def __init__(self, config: ModelConfig, moe: MoeConfig) -> None:
+        super().__init__()
+        size, hidden = moe.intermediate_size, config.hidden_size
+        self.intermediate_size = size
+        self.gate_up_proj = nn.Parameter(torch.empty(moe.num_experts, 2 * size, hidden))
+        self.down_proj = nn.Parameter(torch.empty(moe.num_experts, hidden, size))
+        self.act = ACTIVATIONS[config.hidden_act]
+
+    def forward(
+        self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """Sum over each token's chosen experts (``expert_ids`` [T, k]) of weight x output."""
+        top_k = expert_ids.shape[1]
+        flat = expert_ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        token_of = order // top_k
+        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0]).tolist()
+        rows = x.index_select(0, token_of)
+        outputs = torch.empty_like(rows)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count:
+                end = start + count
+                outputs[start:end] = self._expert(expert, rows[start:end])
+                start = end
+        outputs = outputs * weights.reshape(-1)[order, None]
+        return torch.zeros_like(x).index_add_(0, token_of, outputs)
+
+    def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_proj[expert]).split(self.intermediate_size, dim=-1)
+        return F.linear(self.act(gate) * up, self.down_proj[expert])
+
+
+class SparseMoeBlock(nn.Module):
+    """Router (``gate``) and experts; HF's names, so checkpoints map one to one."""
+
+    def __init__(self, config: ModelConfig, moe: MoeConfig) -> None:
+        super().__init__()
+        self.top_k, self.norm_topk_prob = moe.top_k, moe.norm_topk_prob
+        self.gate = Linear(config.hidden_size, moe.num_experts, bias=False)
+        self.experts = Experts(config, moe)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.gate(x).float(), dim=-1)
+        weights, expert_ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return self.experts(x, expert_ids, weights.to(x.dtype))
+
+
+def create_mlp(config: ModelConfig, layer_id: int) -> nn.Module:
+    """The layer's MLP: experts where the config makes the layer sparse, else dense."""
+    moe = config.moe
+    if moe is not None and layer_id in moe.sparse_layers:
+        return SparseMoeBlock(config, moe)
+    return MLP(config)
