@@ -27,7 +27,7 @@ from tests.live_stack import dump_logs
 from tests.scheduler.model_executor.models.test_transformers_parity import (
     assert_same_until_near_tie,
 )
-from tests.scheduler.model_executor.test_model_parity import hf_greedy
+from tests.scheduler.parity import hf_greedy
 from tests.tiny_checkpoints import ARCHITECTURES, build_checkpoint
 
 pytestmark = pytest.mark.live

@@ -24,7 +24,7 @@ from tests.scheduler.factories import (
     make_scheduler,
     run_to_completion,
 )
-from tests.scheduler.model_executor.test_model_parity import NEAR_TIE, hf_greedy
+from tests.scheduler.parity import NEAR_TIE, hf_greedy
 from tests.scheduler.sampling.test_prompt_logprobs import (
     assert_matches_hf,
     prompt_entries,
