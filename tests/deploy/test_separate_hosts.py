@@ -21,6 +21,8 @@ import pytest
 
 SUBNET = "10.77.{}.{}"
 HOSTS = {"detokenizer": 2, "scheduler": 3, "frontend": 4, "gateway": 5, "client": 6}
+pytestmark = pytest.mark.live
+
 PORTS = {"detokenizer": 50053, "scheduler": 50052, "frontend": 50051, "gateway": 8000}
 
 
@@ -123,7 +125,6 @@ def service_commands(hosts: Hosts, model: str) -> dict[str, list[str]]:
 CLIENT = """
 import json, sys, time, openai, urllib.request
 
-pytestmark = pytest.mark.live
 base = sys.argv[1]
 deadline = time.time() + 180
 while True:
