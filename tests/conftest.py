@@ -6,12 +6,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import settings
 
 from services.common.default_model import ensure_default_model
 from tests.live_stack import shared_stack, stack
 
 if TYPE_CHECKING:
     from tests.tls_certs import CertFiles
+
+# Property tests draw the same examples on every run, so `make test` passes or fails the same
+# way on every machine; `pytest --hypothesis-profile=explore` draws fresh ones to hunt bugs.
+settings.register_profile("default", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile("default")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "tokenline-tiny"

@@ -68,6 +68,9 @@ def test_prompt_tail_gives_context_and_never_leaks(
     prompt = family.encode(data.draw(texts().filter(str.strip), label="prompt"))[-5:]
     ids = data.draw(id_sequences(family), label="ids")
     cuts = data.draw(chunkings(), label="cuts")
+    # A prompt ending in an open byte run gives its bytes to neither side: the output's
+    # bytes decode as if the run were not there (the two tests below pin that down).
+    assume(not prompt or prompt[-1] not in set(family.byte_token_ids))
     prompt_text = family.decode(prompt, skip)
     # Prompts whose text this output never changes (otherwise see the test below).
     assume(

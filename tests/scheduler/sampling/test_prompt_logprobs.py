@@ -42,13 +42,17 @@ SYSTEM = "You are a careful assistant. Answer briefly and cite the rules you use
 TABLE = " ".join(f"item {i}: value {i * 7 % 13};" for i in range(40))
 
 
-@pytest.fixture(scope="module")
-def hf_model(default_model_dir: Path) -> dict[torch.dtype, PreTrainedModel]:
+def load_hf_references(model_dir: Path) -> dict[torch.dtype, PreTrainedModel]:
     """HF's forward in float64 (the reference) and float32 (the yardstick for the tolerance)."""
     return {
-        dtype: AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=dtype).eval()
+        dtype: AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
         for dtype in (torch.float64, torch.float32)
     }
+
+
+@pytest.fixture(scope="module")
+def hf_model(default_model_dir: Path) -> dict[torch.dtype, PreTrainedModel]:
+    return load_hf_references(default_model_dir)
 
 
 @pytest.fixture(scope="module")

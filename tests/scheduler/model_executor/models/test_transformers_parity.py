@@ -27,6 +27,7 @@ from tests.scheduler.factories import (
 from tests.scheduler.parity import NEAR_TIE, hf_greedy
 from tests.scheduler.sampling.test_prompt_logprobs import (
     assert_matches_hf,
+    load_hf_references,
     prompt_entries,
     run,
     scoring_req,
@@ -112,11 +113,9 @@ def test_batched_chunked_and_cached_greedy_match_hf_generate(
         print(f"{rid}: {len(prompt)} prompt tokens, {len(batched[rid])} tokens match HF generate")
 
 
-def test_prompt_logprobs_match_hf(
-    checkpoint: Path, prompts: dict[str, list[int]], hf_model: PreTrainedModel
-) -> None:
+def test_prompt_logprobs_match_hf(checkpoint: Path, prompts: dict[str, list[int]]) -> None:
     scheduler = make_scheduler(checkpoint, max_num_batched_tokens=16)
     table = prompts["table"]
     rows = run(scheduler, {0: [scoring_req("table", table, 0)]})["table"]
-    assert_matches_hf(hf_model, table, 0, prompt_entries(rows))
+    assert_matches_hf(load_hf_references(checkpoint), table, 0, prompt_entries(rows))
     assert_kv_returns_to_pool(scheduler)
