@@ -12,7 +12,7 @@ import argparse
 import functools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -49,7 +49,7 @@ def decode_plan(num_reqs: int, context: int) -> ForwardPlan:
     )
 
 
-def median_ms(steps: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+def median_ms(steps: Mapping[str, Callable[[], object]], repeats: int) -> dict[str, float]:
     """Median wall time of each step, the steps interleaved (and their order alternated)
     so that load from other processes falls on both alike."""
     times: dict[str, list[float]] = {name: [] for name in steps}
