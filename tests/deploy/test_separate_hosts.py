@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-SUBNET = "10.77.{}.{}"
-HOSTS = {"detokenizer": 2, "scheduler": 3, "frontend": 4, "gateway": 5, "client": 6}
 pytestmark = pytest.mark.live
 
+SUBNET = "10.77.{}.{}"
+HOSTS = {"detokenizer": 2, "scheduler": 3, "frontend": 4, "gateway": 5, "client": 6}
 PORTS = {"detokenizer": 50053, "scheduler": 50052, "frontend": 50051, "gateway": 8000}
 
 

@@ -90,14 +90,14 @@ def prompt_entries(rows: list[OutputRow]) -> list[PromptLogprob]:
 
 
 def assert_matches_hf(
-    hf_model: dict[torch.dtype, PreTrainedModel],
+    references: dict[torch.dtype, PreTrainedModel],
     prompt: list[int],
     start: int,
     got: list[PromptLogprob],
 ) -> None:
     with torch.no_grad():
         ref, ref32 = (
-            torch.log_softmax(hf_model[dtype](torch.tensor([prompt])).logits[0].double(), dim=-1)
+            torch.log_softmax(references[dtype](torch.tensor([prompt])).logits[0].double(), dim=-1)
             for dtype in (torch.float64, torch.float32)
         )
     atol = max(MIN_ATOL, 2 * float((ref32 - ref).abs().max()))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoTokenizer, PreTrainedModel
 
 from services.scheduler.model_executor.models.loader import load_model
 from services.scheduler.model_executor.models.transformers_model import TransformersCausalLM
@@ -57,8 +57,13 @@ def checkpoint(
 
 
 @pytest.fixture(scope="module")
-def hf_model(checkpoint: Path) -> PreTrainedModel:
-    return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+def hf_references(checkpoint: Path) -> dict[torch.dtype, PreTrainedModel]:
+    return load_hf_references(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def hf_model(hf_references: dict[torch.dtype, PreTrainedModel]) -> PreTrainedModel:
+    return hf_references[torch.float32]
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +118,13 @@ def test_batched_chunked_and_cached_greedy_match_hf_generate(
         print(f"{rid}: {len(prompt)} prompt tokens, {len(batched[rid])} tokens match HF generate")
 
 
-def test_prompt_logprobs_match_hf(checkpoint: Path, prompts: dict[str, list[int]]) -> None:
+def test_prompt_logprobs_match_hf(
+    checkpoint: Path,
+    prompts: dict[str, list[int]],
+    hf_references: dict[torch.dtype, PreTrainedModel],
+) -> None:
     scheduler = make_scheduler(checkpoint, max_num_batched_tokens=16)
     table = prompts["table"]
     rows = run(scheduler, {0: [scoring_req("table", table, 0)]})["table"]
-    assert_matches_hf(load_hf_references(checkpoint), table, 0, prompt_entries(rows))
+    assert_matches_hf(hf_references, table, 0, prompt_entries(rows))
     assert_kv_returns_to_pool(scheduler)
