@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -77,6 +77,17 @@ def _rich_status(exc: grpc.aio.AioRpcError) -> status_pb2.Status | None:
     return None
 
 
+def retry_after_of(exc: grpc.aio.AioRpcError) -> float | None:
+    """Seconds a failed call's ``google.rpc.RetryInfo`` asks the caller to wait, if any."""
+    rich = _rich_status(exc)
+    for detail in rich.details if rich is not None else ():
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            detail.Unpack(info)
+            return info.retry_delay.ToNanoseconds() / 1e9
+    return None
+
+
 def field_of(exc: grpc.aio.AioRpcError) -> str | None:
     """The field a failed call's rich status names (its first BadRequest violation)."""
     rich = _rich_status(exc)
@@ -103,6 +114,32 @@ class NotFoundError(TokenlineError):
 
 class ResourceExhaustedError(TokenlineError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class RateLimitedError(ResourceExhaustedError):
+    """Over a per-key limit; the status carries a ``google.rpc.RetryInfo`` saying when
+    to come back (the gateway's ``Retry-After``)."""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def rich_status(self) -> status_pb2.Status:
+        rich = super().rich_status()
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(int(self.retry_after_s * 1e9))
+        detail = any_pb2.Any()
+        detail.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+        rich.details.append(detail)
+        return rich
+
+
+class UnauthenticatedError(TokenlineError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDeniedError(TokenlineError):
+    code = grpc.StatusCode.PERMISSION_DENIED
 
 
 class UnavailableError(TokenlineError):
