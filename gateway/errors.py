@@ -7,6 +7,7 @@ with a status from ``HTTP_STATUS_FOR_GRPC``; no traceback ever leaves the proces
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -18,13 +19,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.responses import ErrorObject, ErrorResponse
-from services.common.errors import field_of
+from services.common.errors import field_of, retry_after_of
 
 logger = logging.getLogger(__name__)
 
 HTTP_STATUS_FOR_GRPC: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.ALREADY_EXISTS: 409,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
@@ -35,6 +37,7 @@ HTTP_STATUS_FOR_GRPC: dict[grpc.StatusCode, int] = {
 _ERROR_TYPES: dict[int, str] = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
     409: "conflict_error",
@@ -52,13 +55,20 @@ class GatewayError(Exception):
     """A client-visible failure raised by the gateway itself."""
 
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.retry_after_s = retry_after_s  # None: the default for 429 and 503
 
     def body(self) -> dict[str, Any]:
         return error_body(self.status, self.message, param=self.param, code=self.code)
@@ -82,7 +92,13 @@ def from_rpc_error(exc: grpc.aio.AioRpcError) -> GatewayError:
     if code == grpc.StatusCode.UNAVAILABLE and message.startswith(_CONNECT_FAILURE):
         message = "the frontend service is unreachable"  # not the internal address
     status = HTTP_STATUS_FOR_GRPC.get(code, 500)
-    return GatewayError(status, message, param=field_of(exc), code=code.name.lower())
+    return GatewayError(
+        status,
+        message,
+        param=field_of(exc),
+        code=code.name.lower(),
+        retry_after_s=retry_after_of(exc),
+    )
 
 
 # pydantic names union members in `loc` ("str", "list[int]", "ContentPartBody");
@@ -128,7 +144,11 @@ _RETRYABLE_STATUSES = frozenset({429, 503})
 
 
 def json_error(err: GatewayError) -> JSONResponse:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if err.status in _RETRYABLE_STATUSES else None
+    headers = None
+    if err.status in _RETRYABLE_STATUSES:
+        # Whole seconds, rounded up (RFC 9110): a client never comes back too early.
+        wait_s = RETRY_AFTER_S if err.retry_after_s is None else math.ceil(err.retry_after_s)
+        headers = {"Retry-After": str(max(wait_s, 1))}
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
