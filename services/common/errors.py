@@ -29,15 +29,28 @@ logger = logging.getLogger(__name__)
 SCHEDULER_STREAM_ENDED = "scheduler stream ended"
 
 
+# A status travels in trailers, which clients cap (8 KiB by default): a message that
+# quotes a huge client value must not outgrow them and turn into RESOURCE_EXHAUSTED.
+MAX_MESSAGE_CHARS = 1024
+
+
+def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text``, cut to ``limit`` characters with a note of how many were left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 class TokenlineError(Exception):
     """Base class: a client-visible error with a gRPC status code."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
+        message = bounded(message)
         super().__init__(message)
         self.message = message
-        self.field = field
+        self.field = bounded(field, 256) if field else field
 
     def details(self) -> str:
         return f"{self.field}: {self.message}" if self.field else self.message

@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from services.common.grpc_decoding import RequestDecodingInterceptor
 from services.common.grpc_metrics import RpcMetrics, RpcMetricsInterceptor
 from services.common.tls import TlsSettings, add_port
 
@@ -67,7 +68,11 @@ class GrpcProcess:
         self.rpc_metrics = rpc_metrics if rpc_metrics is not None else default_rpc_metrics()
         self.server = grpc.aio.server(
             # Metrics first, so a call an auth interceptor refuses is still counted.
-            interceptors=[RpcMetricsInterceptor(self.rpc_metrics), *interceptors],
+            interceptors=[
+                RpcMetricsInterceptor(self.rpc_metrics),
+                RequestDecodingInterceptor(),
+                *interceptors,
+            ],
             maximum_concurrent_rpcs=max_concurrent_rpcs,
             options=[
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),

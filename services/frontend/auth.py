@@ -16,16 +16,10 @@ import grpc
 from tokenline.v1 import frontend_pb2
 
 from services.common.auth.api_keys import ApiKey, KeyRing, bearer_token
-from services.common.auth.caller import current_caller
-from services.common.auth.cluster_token import (
-    FORWARDED_CALLER,
-    ClusterToken,
-    as_caller,
-    is_open_method,
-    metadata_value,
-    refusal,
-)
+from services.common.auth.caller import current_caller, set_caller
+from services.common.auth.cluster_token import FORWARDED_CALLER, ClusterToken
 from services.common.errors import PermissionDeniedError, UnauthenticatedError
+from services.common.grpc_handlers import is_open_method, metadata_value, refusal, wrap_behavior
 
 # What a cluster peer is when it names no caller: a service of the deployment.
 CLUSTER_PEER = ApiKey(name="cluster", role="admin", secret=b"")
@@ -87,3 +81,24 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
             name = details.method.rsplit("/", 1)[-1]
             return refusal(handler, grpc.StatusCode.PERMISSION_DENIED, f"{name} needs an admin key")
         return as_caller(handler, caller)
+
+
+def as_caller(handler: grpc.RpcMethodHandler, key: ApiKey) -> Any:
+    """``handler`` running with ``key`` as the current caller (services/common/auth/caller.py)."""
+
+    def unary(behavior: Any) -> Any:
+        async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            set_caller(key)
+            return await behavior(request, context)
+
+        return run
+
+    def streaming(behavior: Any) -> Any:
+        async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            set_caller(key)
+            async for item in behavior(request, context):
+                yield item
+
+        return run
+
+    return wrap_behavior(handler, unary, streaming)

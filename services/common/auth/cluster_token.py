@@ -1,7 +1,4 @@
-"""What gRPC authentication shares on every service: which methods stay open, how a
-handler is refused or run for a caller, and the cluster token.
-
-The cluster token is a secret every service of one deployment holds. Without TLS it is
+"""The cluster token: a secret every service of one deployment holds. Without TLS it is
 what keeps strangers off the internal RPCs (the scheduler's and the detokenizer's): a
 server given one refuses any call that does not present it as
 ``authorization: Bearer <token>``; a channel given one presents it on every call. A
@@ -12,80 +9,17 @@ from __future__ import annotations
 
 import argparse
 import hmac
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
-from services.common.auth.api_keys import ApiKey, bearer_token
-from services.common.auth.caller import set_caller
+from services.common.auth.api_keys import bearer_token
 from services.common.envs import env_default
+from services.common.grpc_handlers import is_open_method, metadata_value, refusal
 
 # Whom a cluster peer (the gateway) speaks for on a call: a key's name, never its secret.
 FORWARDED_CALLER = "x-tokenline-caller"
-# Probes and tooling need no credential: health and reflection say nothing private.
-_OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
-_Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
-
-
-def is_open_method(method: str) -> bool:
-    return method.startswith(_OPEN_PREFIXES)
-
-
-def metadata_value(details: grpc.HandlerCallDetails, name: str) -> str:
-    for key, value in details.invocation_metadata or ():
-        if key == name and isinstance(value, str):
-            return value
-    return ""
-
-
-def refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> Any:
-    """``handler`` of the same kind, ending at once with ``code``: the servicer never runs."""
-
-    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(code, message)
-
-    async def refuse_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(code, message)
-        yield  # pragma: no cover - abort raised
-
-    return _replace_behavior(handler, refuse, refuse_stream)
-
-
-def as_caller(handler: grpc.RpcMethodHandler, key: ApiKey | None) -> Any:
-    """``handler`` running with ``key`` as the current caller (services/common/auth/caller.py)."""
-
-    def unary(behavior: Any) -> Any:
-        async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            set_caller(key)
-            return await behavior(request, context)
-
-        return run
-
-    def streaming(behavior: Any) -> Any:
-        async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            set_caller(key)
-            async for item in behavior(request, context):
-                yield item
-
-        return run
-
-    return _replace_behavior(handler, unary, streaming, wrap=True)
-
-
-def _replace_behavior(handler: Any, unary: Any, streaming: Any, *, wrap: bool = False) -> Any:
-    """The handler with its one behavior replaced (``wrap``: by ``unary(old)``)."""
-    for kind, make in (
-        ("unary_unary", unary),
-        ("stream_unary", unary),
-        ("unary_stream", streaming),
-        ("stream_stream", streaming),
-    ):
-        old = getattr(handler, kind)
-        if old is not None:
-            return handler._replace(**{kind: make(old) if wrap else make})
-    return handler
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +58,7 @@ class ClusterTokenInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, token: ClusterToken) -> None:
         self.token = token
 
-    async def intercept_service(
-        self, continuation: _Continuation, details: grpc.HandlerCallDetails
-    ) -> Any:
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
         handler = await continuation(details)
         if handler is None or is_open_method(details.method):
             return handler
