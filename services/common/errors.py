@@ -15,10 +15,11 @@ import functools
 import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -90,27 +91,30 @@ def _rich_status(exc: grpc.aio.AioRpcError) -> status_pb2.Status | None:
     return None
 
 
-def retry_after_of(exc: grpc.aio.AioRpcError) -> float | None:
-    """Seconds a failed call's ``google.rpc.RetryInfo`` asks the caller to wait, if any."""
+M = TypeVar("M", bound=Message)
+
+
+def _detail(exc: grpc.aio.AioRpcError, kind: type[M]) -> M | None:
+    """The first detail of type ``kind`` in a failed call's rich status, if any."""
     rich = _rich_status(exc)
     for detail in rich.details if rich is not None else ():
-        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-            info = error_details_pb2.RetryInfo()
-            detail.Unpack(info)
-            return info.retry_delay.ToNanoseconds() / 1e9
+        if detail.Is(kind.DESCRIPTOR):
+            out = kind()
+            detail.Unpack(out)
+            return out
     return None
+
+
+def retry_after_of(exc: grpc.aio.AioRpcError) -> float | None:
+    """Seconds a failed call's ``google.rpc.RetryInfo`` asks the caller to wait, if any."""
+    info = _detail(exc, error_details_pb2.RetryInfo)
+    return info.retry_delay.ToNanoseconds() / 1e9 if info is not None else None
 
 
 def field_of(exc: grpc.aio.AioRpcError) -> str | None:
     """The field a failed call's rich status names (its first BadRequest violation)."""
-    rich = _rich_status(exc)
-    for detail in rich.details if rich is not None else ():
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            if bad.field_violations:
-                return bad.field_violations[0].field
-    return None
+    bad = _detail(exc, error_details_pb2.BadRequest)
+    return bad.field_violations[0].field if bad is not None and bad.field_violations else None
 
 
 class InvalidArgumentError(TokenlineError):
