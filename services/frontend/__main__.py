@@ -266,8 +266,8 @@ def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> 
     limits, generation = _model_limits(config, tokenizer)
     frontend_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
-    def on_finished(row: detokenizer_pb2.StrRow, label: str) -> None:
-        metrics.observe_finished(row)
+    def on_finished(row: detokenizer_pb2.StrRow, label: str, owner: str) -> None:
+        metrics.observe_finished(row, owner)
         log_finished(row, label)
 
     manager = TokenizerManager(

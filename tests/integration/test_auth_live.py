@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 from tokenline.v1 import (
     detokenizer_pb2,
     detokenizer_pb2_grpc,
@@ -233,6 +234,23 @@ def test_a_user_aborts_only_their_own_requests(
         assert by_bob.json() == {"num_aborted": 1}
         rest = list(frames)
     assert rest[-1] == "[DONE]"  # Bob's own abort ended it
+
+
+def test_usage_metrics_name_the_key_and_never_show_a_secret(
+    stack: LocalStack, frontend: frontend_pb2_grpc.FrontendServiceStub, model_id: str
+) -> None:
+    frontend.ChatCompletion(_chat(model_id), metadata=_metadata(KEYS["alice"]), timeout=60)
+    text = httpx.get(stack.ports.metrics_url("frontend"), timeout=10).text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    completion = (("key", "alice"), ("kind", "completion"))
+    assert samples[("tokenline_frontend_key_tokens_total", completion)] >= 1
+    gateway = httpx.get(stack.ports.metrics_url("gateway"), timeout=10).text
+    for secret in (*KEYS.values(), CLUSTER_TOKEN):
+        assert secret not in text and secret not in gateway
 
 
 # ---- per-key limits -------------------------------------------------------------------

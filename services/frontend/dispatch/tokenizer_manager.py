@@ -73,7 +73,8 @@ class TokenizerManager:
         frontend_id: str,
         scheduler_addrs: list[str],
         detokenizer_addr: str,
-        on_finished: Callable[[detokenizer_pb2.StrRow, str], None] | None = None,
+        # Each choice's final row, with its label and the name of the key it was made with.
+        on_finished: Callable[[detokenizer_pb2.StrRow, str, str], None] | None = None,
         tls: TlsSettings | None = None,
         add_calls_in_flight: int = 1,
         add_timeout_s: float = ENGINE_ANSWER_RPC_TIMEOUT_S,
@@ -235,12 +236,12 @@ class TokenizerManager:
                     remaining -= 1
                     usage = row.usage
                     self.limiter.charge(key, usage.prompt_tokens + usage.completion_tokens)
-                    self._finished(row, state.label)
+                    self._finished(row, state)
                 yield index, row
 
-    def _finished(self, row: detokenizer_pb2.StrRow, label: str) -> None:
+    def _finished(self, row: detokenizer_pb2.StrRow, state: ReqState) -> None:
         if self._on_finished is not None:
-            self._on_finished(row, label)
+            self._on_finished(row, state.label, state.owner)
         fr = row.finish_reason
         if fr.kind == common_pb2.FinishReason.KIND_ABORT and fr.message == SCHEDULER_STREAM_ENDED:
             # A lost scheduler is a service failure the client may retry elsewhere.
