@@ -13,6 +13,7 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -30,8 +31,10 @@ from tokenline.v1 import (
     scheduler_pb2_grpc,
 )
 
+from gateway.config import GatewayConfig
 from services.common.errors import retry_after_of
 from services.launch import LocalStack
+from tests.gateway.gateway_harness import GatewayServer
 from tests.live_stack import running_stack
 from tests.waiting import wait_until
 
@@ -291,6 +294,29 @@ def test_concurrent_requests_over_the_limit_get_429(root: str, model_id: str) ->
         return httpx.post(url, json=short, headers=_bearer("dave"), timeout=60).is_success
 
     wait_until(served, 30, "dave's slot freed")
+
+
+def test_a_gateway_without_the_cluster_token_forwards_each_callers_own_key(
+    stack: LocalStack, key_file: Path, model_id: str
+) -> None:
+    """No token to vouch for it: each call carries its caller's key, and keyed streams go
+    as their own RPCs (one Multiplex call could carry only one key)."""
+    config = GatewayConfig(frontend_addr=stack.addr("frontend"), api_key_file=str(key_file))
+    server = GatewayServer(config).start()
+    try:
+        alice = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEYS["alice"], max_retries=0)
+        messages: Any = [{"role": "user", "content": "Hi"}]
+        stream = alice.chat.completions.create(
+            model=model_id, messages=messages, max_tokens=2, stream=True
+        )
+        assert [c.choices[0].finish_reason for c in stream if c.choices][-1] == "length"
+        body = {"abort_all": True}
+        denied = httpx.post(f"{server.url}/abort_request", json=body, headers=_bearer("alice"))
+        assert denied.status_code == 403
+        served = httpx.post(f"{server.url}/abort_request", json=body, headers=_bearer("root"))
+        assert served.status_code == 200
+    finally:
+        server.stop()
 
 
 # ---- rotation -------------------------------------------------------------------------

@@ -92,7 +92,7 @@ def _scalar(field: FieldDescriptor) -> st.SearchStrategy[Any]:
     kind = field.type
     if kind in _INT_BOUNDS:
         low, high = _INT_BOUNDS[kind]
-        edges = st.sampled_from([low, high, -1, 0, 1])
+        edges = st.sampled_from([v for v in (low, high, -1, 0, 1) if low <= v <= high])
         return st.one_of(edges, st.integers(low, high))
     if kind == FieldDescriptor.TYPE_FLOAT:
         return st.floats(width=32)
