@@ -92,6 +92,7 @@ def message_to_dict(
         raise InvalidArgumentError(
             f"messages[{index}].role {msg.role!r} is not one of {list(ROLES)}", field="messages"
         )
+    check_role_fields(msg, index)
     out: dict[str, Any] = {"role": msg.role, "content": _content(msg, index, fmt)}
     if msg.name:
         out["name"] = msg.name
@@ -102,6 +103,23 @@ def message_to_dict(
     if msg.reasoning_content:
         out["reasoning_content"] = msg.reasoning_content
     return out
+
+
+def check_role_fields(msg: openai_pb2.ChatMessage, index: int) -> None:
+    """The fields OpenAI's spec requires of each role: content for every role but an
+    assistant that calls tools, and the call a tool result answers. A message without
+    them would reach the template as an empty turn (and a model generates on from it)."""
+    has_content = msg.WhichOneof("content_kind") is not None
+    if not has_content and not (msg.role == "assistant" and msg.tool_calls):
+        needs = "content or tool_calls" if msg.role == "assistant" else "content"
+        raise InvalidArgumentError(
+            f"a {msg.role} message needs {needs}", field=f"messages[{index}].content"
+        )
+    if msg.role == "tool" and not msg.tool_call_id:
+        raise InvalidArgumentError(
+            "a tool message needs the id of the call it answers",
+            field=f"messages[{index}].tool_call_id",
+        )
 
 
 def tool_to_dict(tool: openai_pb2.Tool, index: int) -> dict[str, Any]:
