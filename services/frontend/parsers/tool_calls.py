@@ -244,7 +244,7 @@ class ToolParser:
         return end >= 0
 
 
-def _header_name(parser: ToolParser, m: regex.Match[str] | None) -> str | None:
+def header_name(parser: ToolParser, m: regex.Match[str] | None) -> str | None:
     """The called name from a header match (a JSON string's body), or None. A name JSON
     cannot read gives the header's text back, to be read whole."""
     if m is None:
@@ -303,7 +303,7 @@ class HermesParser(ToolParser):
         m = self._match(self.HEADER, final)
         if m == "wait":
             return False
-        name = _header_name(self, m)
+        name = header_name(self, m)
         if name is None:
             self.state = "whole"
             return True
@@ -387,7 +387,7 @@ class Llama3JsonParser(ToolParser):
         m = self._match(self.HEADER, final)
         if m == "wait":
             return False
-        name = _header_name(self, m)
+        name = header_name(self, m)
         if name is not None:
             self._call_starts(name)
             self.scan = JsonScan(depth=1)
