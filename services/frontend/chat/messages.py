@@ -39,6 +39,7 @@ class ChatInput:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     kwargs: dict[str, Any] = field(default_factory=dict)
+    parallel_tool_calls: bool = True  # false: at most one call (not a template variable)
 
 
 def plain(value: Any) -> Any:
@@ -223,4 +224,7 @@ def chat_input(request: openai_pb2.ChatCompletionRequest, fmt: ContentFormat) ->
             "continue_final_message needs a final assistant message",
             field="continue_final_message",
         )
-    return ChatInput(messages, tools or None, add_generation_prompt, continue_final, kwargs)
+    parallel = not request.HasField("parallel_tool_calls") or request.parallel_tool_calls
+    return ChatInput(
+        messages, tools or None, add_generation_prompt, continue_final, kwargs, parallel
+    )

@@ -50,17 +50,18 @@ class ToolChoice:
     mode: Mode
     name: str = ""  # the function a named choice forces
     is_explicit: bool = False  # the request named its tool_choice
+    is_parallel: bool = True  # parallel_tool_calls: false holds "required" to one call
 
     @classmethod
     def of(cls, chat: ChatInput) -> ToolChoice:
         """From a validated ChatInput (``chat_messages.tool_choice_value`` checked it)."""
-        value = chat.kwargs.get("tool_choice")
+        value, parallel = chat.kwargs.get("tool_choice"), chat.parallel_tool_calls
         if not chat.tools or value == "none":
             return cls("none")
         if value is None or value == "auto":
-            return cls("auto", is_explicit=value is not None)
+            return cls("auto", is_explicit=value is not None, is_parallel=parallel)
         if value == "required":
-            return cls("required")
+            return cls("required", is_parallel=parallel)
         return cls("named", value["function"]["name"])
 
     @property
@@ -94,6 +95,12 @@ async def plan_tool_calls(
     if choice.mode == "none":
         return None
     if not choice.is_forced:
+        if not choice.is_parallel:
+            raise InvalidArgumentError(
+                "false needs tool_choice 'required' or a named function (under 'auto' "
+                "nothing holds the model to one call)",
+                field="parallel_tool_calls",
+            )
         if parser is None and choice.is_explicit:
             raise InvalidArgumentError(
                 "'auto' needs the server to run a --tool-call-parser (the model's call "
@@ -137,6 +144,7 @@ def structural_tag(
             "tags": [_call_tag(parser, f) for f in functions],
             "separator": parser.SEPARATOR,
             "at_least_one": True,
+            "stop_after_first": not choice.is_parallel,
         }
     elements = [calls]
     if parser.SECTION_BEGIN:

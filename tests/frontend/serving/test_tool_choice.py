@@ -216,3 +216,18 @@ def test_the_structural_tag_is_json_and_names_every_tool() -> None:
         HermesParser.call_begin("get_weather"),
         HermesParser.call_begin("now"),
     ]
+
+
+@pytest.mark.parametrize("parser", REQUIRED_SYNTAXES, ids=lambda p: p.NAME)
+def test_required_without_parallel_calls_is_exactly_one_call(parser: type[ToolParser]) -> None:
+    g = grammar(parser, ToolChoice("required", is_parallel=False))
+    assert _is_grammar_accept_string(g, calls_text(parser, ("now", "{}")))
+    assert not _is_grammar_accept_string(g, calls_text(parser, ("now", "{}"), ("now", "{}")))
+
+
+async def test_one_call_under_auto_is_refused_by_name() -> None:
+    chat_input = chat([WEATHER], "auto")
+    chat_input.parallel_tool_calls = False
+    with pytest.raises(InvalidArgumentError) as info:
+        await plan(chat_input, HermesParser)
+    assert info.value.field == "parallel_tool_calls"
