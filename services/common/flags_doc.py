@@ -54,7 +54,11 @@ COMMANDS = (
         "python -m services.detokenizer",
         "services.detokenizer.__main__:create_parser",
     ),
-    Command("launch", "python -m services.launch (make run)", "services.launch:create_parser"),
+    Command(
+        "serve",
+        "tokenline serve MODEL [flags] (make run ARGS=...)",
+        "services.launch:create_parser",
+    ),
     Command("healthcheck", "tokenline healthcheck", "services.healthcheck:create_parser"),
 )
 
