@@ -48,9 +48,7 @@ class JsonListParser(ToolParser):
 
     def _step(self, final: bool) -> bool:
         if self.state == "text":
-            self._text(self.buf)
-            self.buf = ""
-            return False
+            return self._rest_is_text()
         if self.state == "arguments":
             if self._json_arguments(self.scan):
                 self.state = "close"
@@ -115,6 +113,4 @@ class JsonArgumentsParser(ToolParser):
                 self.state = "content"
                 return True
             return False
-        self._text(self.buf)
-        self.buf = ""
-        return False
+        return self._rest_is_text()

@@ -210,6 +210,12 @@ class ToolParser:
 
     # ---- shared steps ----
 
+    def _rest_is_text(self) -> bool:
+        """Everything buffered is content (the output is not, or no longer, calls)."""
+        self._text(self.buf)
+        self.buf = ""
+        return False
+
     def _text_until(self, marker: str, final: bool) -> bool:
         """Plain text up to ``marker``; True (marker consumed) once it is found."""
         i = self.buf.find(marker)
@@ -358,9 +364,7 @@ class Llama3JsonParser(ToolParser):
 
     def _step(self, final: bool) -> bool:
         if self.state == "text":
-            self._text(self.buf)
-            self.buf = ""
-            return False
+            return self._rest_is_text()
         if self.state == "header":
             return self._header(final)
         if self.state == "arguments":
