@@ -117,3 +117,19 @@ def test_tokenline_serve_is_the_launcher() -> None:
     done = subprocess.run(run, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--bogus" in done.stderr
     assert "tokenline serve" in done.stderr and "starting" not in done.stdout
+
+
+def test_make_run_hands_args_to_the_launcher() -> None:
+    """`make run ARGS="..."` ends in the launcher with those flags; without ARGS, with none."""
+
+    def run_line(*make_args: str) -> str:
+        dry = subprocess.run(["make", "-n", "run", *make_args], capture_output=True, text=True)
+        assert dry.returncode == 0, dry.stderr
+        return dry.stdout.strip().splitlines()[-1]
+
+    with_args = run_line("ARGS=--dtype float32 --tool-call-parser deepseek_v31")
+    assert with_args.endswith(
+        "-m services.launch --model models/tokenline-tiny --dtype float32 "
+        "--tool-call-parser deepseek_v31"
+    )
+    assert run_line().rstrip().endswith("-m services.launch --model models/tokenline-tiny")
