@@ -293,7 +293,12 @@ def create_parser() -> argparse.ArgumentParser:
 def service_parsers() -> dict[str, argparse.ArgumentParser]:
     """Each service's own parser, in the order docs/flags.md lists them."""
     names = LocalStack("").commands()
-    return {c.title: c.create_parser() for c in flags_doc.COMMANDS if c.title in names}
+    parsers = {c.title: c.create_parser() for c in flags_doc.COMMANDS if c.title in names}
+    if len(parsers) != len(names):  # a service without a parser would lose its flags
+        raise RuntimeError(
+            f"no parser in flags_doc.COMMANDS for {sorted(set(names) - set(parsers))}"
+        )
+    return parsers
 
 
 def _wired_flags() -> dict[str, frozenset[str]]:
