@@ -64,8 +64,11 @@ kernels: check-model
 
 model: setup $(MODEL_DIR)/config.json kernels
 
+# ARGS: any launcher or service flag, each handed to the services that take it
+# (make run ARGS="--tool-call-parser deepseek_v31 --dtype float32"; docs/flags.md#serve).
+ARGS ?=
 run: model
-	TOKENLINE_MODEL_IMPL=$(MODEL_IMPL) $(PY) -m services.launch --model $(MODEL_DIR)
+	TOKENLINE_MODEL_IMPL=$(MODEL_IMPL) $(PY) -m services.launch --model $(MODEL_DIR) $(ARGS)
 
 test: model
 	$(PY) -m pytest $(PYTEST_ARGS)
