@@ -12,6 +12,7 @@ whitespace) ends its calls within the budget.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jsonschema
@@ -56,12 +57,12 @@ BUDGET = 13 * JSON_MAX_WHITESPACE + 120
 
 
 def ask(client: openai.OpenAI, model_id: str, seed: int, choice: Any, **kwargs: Any) -> Any:
+    kwargs.setdefault("max_tokens", BUDGET)
     return client.chat.completions.create(
         model=model_id,
         messages=[{"role": "user", "content": f"Question {seed}: weather or time?"}],
         tools=TOOLS,  # type: ignore[arg-type]
         tool_choice=choice,
-        max_tokens=BUDGET,
         seed=seed,
         temperature=0.8,
         **kwargs,
@@ -91,14 +92,29 @@ def assert_valid(name: str, arguments: str, allowed: set[str]) -> None:
     jsonschema.validate(json.loads(arguments), SCHEMAS[name])
 
 
+def answers(client: openai.OpenAI, model_id: str, choice: Any, **kwargs: Any) -> list[Any]:
+    """Per seed of SEEDS, the unary response then the stream's chunks, all asked at once:
+    the batch decodes them together, and the shared scheduler is batch-invariant, so each
+    request's tokens are what it would get alone (docs/batch-invariance.md)."""
+
+    def one(seed: int, stream: bool) -> Any:
+        if stream:
+            return list(ask(client, model_id, seed, choice, stream=True, **kwargs))
+        return ask(client, model_id, seed, choice, **kwargs)
+
+    asks = [(seed, stream) for seed in SEEDS for stream in (False, True)]
+    with ThreadPoolExecutor(len(asks)) as pool:
+        return list(pool.map(lambda a: one(*a), asks))
+
+
 def check_forced_calls(client: openai.OpenAI, model_id: str, choice: Any, **kwargs: Any) -> None:
     """Over SEEDS: every unary response is valid calls to the allowed tools (one for a named
     choice or ``parallel_tool_calls: false``) with ``finish_reason: "tool_calls"``, and its
     stream adds up to the same calls."""
     named = choice != "required"
     allowed = {choice["function"]["name"]} if named else set(SCHEMAS)
-    for seed in SEEDS:
-        unary = ask(client, model_id, seed, choice, **kwargs)
+    replies = answers(client, model_id, choice, **kwargs)
+    for seed, unary, chunks in zip(SEEDS, replies[::2], replies[1::2], strict=True):
         message = unary.choices[0].message
         assert unary.choices[0].finish_reason == "tool_calls", message
         assert message.content is None and message.tool_calls
@@ -108,10 +124,8 @@ def check_forced_calls(client: openai.OpenAI, model_id: str, choice: Any, **kwar
             assert call.id.startswith("call_") and call.type == "function"
             assert_valid(call.function.name, call.function.arguments, allowed)
 
-        chunks = list(ask(client, model_id, seed, choice, stream=True, **kwargs))
         calls, finish, content = streamed_calls(chunks)
         assert finish == "tool_calls" and content == ""
         assert [(c["name"], c["arguments"]) for c in calls] == [
             (c.function.name, c.function.arguments) for c in message.tool_calls
-        ]
-        print(seed, choice, [(c["name"], c["arguments"]) for c in calls])
+        ], seed

@@ -37,8 +37,10 @@ def test_forced_calls_are_valid_and_streams_match(
 def test_auto_and_none_leave_the_random_models_text_as_content(
     client: openai.OpenAI, model_id: str
 ) -> None:
+    # Without a forcing grammar a call could only start where the model wrote the section's
+    # opening token: 64 tokens of each show the parser leaves plain text alone.
     for choice in ("auto", "none"):
-        unary = ask(client, model_id, 0, choice)
+        unary = ask(client, model_id, 0, choice, max_tokens=64)
         assert unary.choices[0].message.tool_calls is None
         assert unary.choices[0].finish_reason in ("stop", "length")
 
