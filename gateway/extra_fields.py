@@ -53,10 +53,6 @@ METADATA: frozenset[str] = frozenset(
         "messages[].refusal",  # a previous assistant turn's fields the template never renders
         "messages[].annotations",
         "messages[].content[].cache_control",
-        # Anthropic's prompt-caching marks: tokenline's prefix cache needs no marks.
-        "cache_control",
-        "system[].cache_control",
-        "tools[].cache_control",
     }
 )
 

@@ -16,6 +16,12 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
+# Anthropic's prompt-caching mark, accepted wherever Anthropic takes it: tokenline's
+# prefix cache reuses any shared prefix without marks, so it changes nothing.
+def _cache_control() -> Any:
+    return Field(default=None, description="accepted; the prefix cache needs no marks")
+
+
 class ContentBlockBody(_Body):
     """One block of any type: text, tool_use or tool_result (others are refused by name)."""
 
@@ -29,6 +35,7 @@ class ContentBlockBody(_Body):
         default=None, description="tool_result: text or text blocks"
     )
     is_error: bool | None = Field(default=None, description="tool_result: the call failed")
+    cache_control: dict[str, Any] | None = _cache_control()
 
 
 class MessageParamBody(_Body):
@@ -43,6 +50,7 @@ class ToolParamBody(_Body):
     type: str | None = Field(
         default=None, description='"custom" or absent; server tools are refused'
     )
+    cache_control: dict[str, Any] | None = _cache_control()
 
 
 class ToolChoiceBody(_Body):
@@ -70,3 +78,4 @@ class MessagesBody(_Body):
     tools: list[ToolParamBody] | None = None
     tool_choice: ToolChoiceBody | None = None
     thinking: ThinkingBody | None = None
+    cache_control: dict[str, Any] | None = _cache_control()
