@@ -1,7 +1,7 @@
 """The one mapping of failures onto HTTP statuses and OpenAI-shaped error bodies.
 
 Everything a client sees on failure is ``{"error": {"message", "type", "param", "code"}}``
-(Anthropic's shape on Anthropic's routes: ``gateway/anthropic/errors.py``) with a status
+(Anthropic's shape on Anthropic's routes: ``gateway/anthropic_errors.py``) with a status
 from ``HTTP_STATUS_FOR_GRPC``; no traceback ever leaves the process.
 """
 
@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.anthropic.errors import anthropic_error_body, speaks_anthropic
+from gateway.anthropic_errors import anthropic_error_body, speaks_anthropic
 from gateway.responses import ErrorObject, ErrorResponse
 from services.common.errors import field_of
 

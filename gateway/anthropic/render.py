@@ -14,7 +14,6 @@ from typing import Any, Literal
 
 from tokenline.v1 import openai_pb2
 
-from gateway.anthropic.errors import anthropic_error_body
 from gateway.anthropic.responses import (
     MessageResponse,
     MessageUsage,
@@ -22,6 +21,7 @@ from gateway.anthropic.responses import (
     TextBlock,
     ToolUseBlock,
 )
+from gateway.anthropic_errors import anthropic_error_body
 from gateway.errors import GatewayError
 
 _STOP_REASON_OF: dict[str, StopReason] = {

@@ -35,7 +35,7 @@ def _responses() -> dict[int | str, dict[str, Any]]:
 
 @router.post("/v1/messages", response_model=None, responses=_responses())
 async def messages(body: MessagesBody, request: Request) -> Response:
-    """Anthropic Messages; errors in Anthropic's shape (``gateway/anthropic/errors.py``)."""
+    """Anthropic Messages; errors in Anthropic's shape (``gateway/anthropic_errors.py``)."""
     client: FrontendClient = request.state.frontend
     rid: str = request.state.request_id
     proto = messages_request_to_proto(body, rid)  # first: it names a refused block's type

@@ -1,5 +1,5 @@
 """The Messages → chat translation (gateway/anthropic/convert.py) and the error shape
-(gateway/anthropic/errors.py), in-process: what the frontend is asked, and what is refused."""
+(gateway/anthropic_errors.py), in-process: what the frontend is asked, and what is refused."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from gateway.anthropic.convert import ERROR_PREFIX, chat_body, messages_request_to_proto
-from gateway.anthropic.errors import anthropic_error_body, dotted
 from gateway.anthropic.schemas import MessagesBody
+from gateway.anthropic_errors import anthropic_error_body, dotted
 from gateway.errors import GatewayError
 
 TOOL = {"name": "f", "input_schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from jsonschema import Draft202012Validator
 
-from gateway.anthropic.errors import speaks_anthropic
+from gateway.anthropic_errors import speaks_anthropic
 
 REF_PREFIX = "#/components/schemas/"
 

@@ -1,4 +1,5 @@
-"""Anthropic's error shape, for the routes that speak Anthropic's API.
+"""Anthropic's error shape, for the routes that speak Anthropic's API; ``gateway/errors.py``
+picks it by path (the Messages API itself is ``gateway/anthropic/``).
 
 ``{"type": "error", "error": {"type", "message"}}``: the body has no ``param``, so the
 message starts with the field in Anthropic's dotted spelling (``messages.0.role: ...``),
