@@ -15,7 +15,7 @@ from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestContextMiddleware
 from gateway.openapi import install_openapi
-from gateway.routes import native, openai, ops, sessions
+from gateway.routes import messages, native, openai, ops, sessions
 
 ChannelFactory = Callable[[GatewayConfig], grpc.aio.Channel]
 
@@ -48,6 +48,7 @@ def create_app(config: GatewayConfig, channel_factory: ChannelFactory | None = N
         lifespan=lifespan,
     )
     app.include_router(openai.router)
+    app.include_router(messages.router)
     app.include_router(native.router)
     app.include_router(ops.router)
     app.include_router(sessions.router)

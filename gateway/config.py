@@ -72,8 +72,8 @@ def create_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--api-key",
         default=env_default("TOKENLINE_API_KEY", None),
-        help="require `Authorization: Bearer KEY` on every route but /health, "
-        "/health_generate, /ping, /version, /metrics and the OpenAPI docs (env preferred)",
+        help="require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every route but "
+        "/health, /health_generate, /ping, /version, /metrics and the OpenAPI docs (env preferred)",
     )
     p.add_argument(
         "--max-body-bytes",

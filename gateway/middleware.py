@@ -26,8 +26,10 @@ REQUEST_ID_HEADER = "x-request-id"
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
-def _error(status: int, message: str, code: str) -> JSONResponse:
-    return JSONResponse(error_body(status, message, code=code), status_code=status)
+def _error(status: int, message: str, code: str, scope: Scope) -> JSONResponse:
+    """An error body in the shape the request's route speaks (OpenAI's or Anthropic's)."""
+    body = error_body(status, message, code=code, path=scope.get("path", ""))
+    return JSONResponse(body, status_code=status)
 
 
 def request_id_for(headers: Headers) -> str:
@@ -67,7 +69,7 @@ class RequestContextMiddleware:
         except Exception:
             logger.exception("unhandled error (rid=%s)", request_id)
             if not started:
-                response = _error(500, "internal server error", "internal_error")
+                response = _error(500, "internal server error", "internal_error", scope)
                 await response(scope, receive, send_with_id)
         finally:
             self.metrics.in_flight.dec()
@@ -86,18 +88,27 @@ def is_protected_path(path: str) -> bool:
     return path not in OPEN_PATHS and not path.startswith("/docs/")
 
 
+def presented_key(headers: Headers) -> str:
+    """The key a client presented: ``Authorization: Bearer <key>`` (OpenAI's SDKs) or else
+    ``x-api-key: <key>`` (Anthropic's); empty when neither. The one place that reads them."""
+    authorization = headers.get("authorization", "")
+    if authorization.startswith("Bearer "):
+        return authorization.removeprefix("Bearer ")
+    return headers.get("x-api-key", "")
+
+
 class ApiKeyMiddleware:
-    """`Authorization: Bearer <key>` on the API paths; /health and /metrics stay open."""
+    """The API key on the API paths (``presented_key``); /health and /metrics stay open."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and is_protected_path(scope["path"]):
-            given = Headers(scope=scope).get("authorization", "").encode()
+            given = presented_key(Headers(scope=scope)).encode()
             if not hmac.compare_digest(given, self.expected):
-                response = _error(401, "invalid or missing API key", "invalid_api_key")
+                response = _error(401, "invalid or missing API key", "invalid_api_key", scope)
                 response.headers["WWW-Authenticate"] = "Bearer"
                 await response(scope, receive, send)
                 return
@@ -137,7 +148,7 @@ class BodyLimitMiddleware:
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = f"request body exceeds {self.max_bytes} bytes"
-        await _error(413, message, "request_too_large")(scope, receive, send)
+        await _error(413, message, "request_too_large", scope)(scope, receive, send)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
