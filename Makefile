@@ -11,6 +11,9 @@ MODEL_IMPL ?= $(or $(TOKENLINE_MODEL_IMPL),auto)
 PROTOS := $(wildcard proto/tokenline/v1/*.proto)
 STUBS := proto/tokenline/v1/frontend_pb2.py
 PYTEST_ARGS ?=
+# pytest-xdist workers (`auto`: one per core); each takes one test file at a time, so a
+# module's own stack starts once (docs/contributing.md). TEST_WORKERS=0 runs in-process.
+TEST_WORKERS ?= auto
 DESCRIPTOR := deploy/envoy/tokenline.pb
 BUF := $(VENV)/bin/buf
 # `make proto-check` compares the working tree's protos with this branch.
@@ -64,16 +67,19 @@ kernels: check-model
 
 model: setup $(MODEL_DIR)/config.json kernels
 
+# ARGS: any launcher or service flag, each handed to the services that take it
+# (make run ARGS="--tool-call-parser deepseek_v31 --dtype float32"; docs/flags.md#serve).
+ARGS ?=
 run: model
-	TOKENLINE_MODEL_IMPL=$(MODEL_IMPL) $(PY) -m services.launch --model $(MODEL_DIR)
+	TOKENLINE_MODEL_IMPL=$(MODEL_IMPL) $(PY) -m services.launch --model $(MODEL_DIR) $(ARGS)
 
 test: model
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The inner loop: the in-process tier only (tests/conftest.py marks every test unit, live
 # or tooling; docs/contributing.md has each tier's time).
 test-fast: model
-	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+	$(PY) -m pytest -m unit -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Opt-in, not part of `make test`: 256 streams for 60 s on a fresh local stack, then no
 # failures, no leaked state and < 5 % RSS growth per service (bench/soak.py). ~2 minutes.

@@ -210,7 +210,7 @@ def chat_request_to_proto(
         body,
         (
             "max_completion_tokens", "top_logprobs", "add_generation_prompt", "reasoning_effort",
-            "prompt_logprobs",
+            "prompt_logprobs", "parallel_tool_calls",
         ),
     )  # fmt: skip
     _vllm_extras_into(out, body)

@@ -1,7 +1,8 @@
 """The one mapping of failures onto HTTP statuses and OpenAI-shaped error bodies.
 
 Everything a client sees on failure is ``{"error": {"message", "type", "param", "code"}}``
-with a status from ``HTTP_STATUS_FOR_GRPC``; no traceback ever leaves the process.
+(Anthropic's shape on Anthropic's routes: ``gateway/anthropic_errors.py``) with a status
+from ``HTTP_STATUS_FOR_GRPC``; no traceback ever leaves the process.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.anthropic_errors import anthropic_error_body, speaks_anthropic
 from gateway.responses import ErrorObject, ErrorResponse
 from services.common.errors import field_of, retry_after_of
 
@@ -70,14 +72,23 @@ class GatewayError(Exception):
         self.code = code
         self.retry_after_s = retry_after_s  # None: the default for 429 and 503
 
-    def body(self) -> dict[str, Any]:
-        return error_body(self.status, self.message, param=self.param, code=self.code)
+    def body(self, path: str = "") -> dict[str, Any]:
+        """The error body for a request to ``path``."""
+        return error_body(self.status, self.message, param=self.param, code=self.code, path=path)
 
 
 def error_body(
-    status: int, message: str, *, param: str | None = None, code: str | None = None
+    status: int,
+    message: str,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+    path: str = "",
 ) -> dict[str, Any]:
-    """The OpenAI error object; `type` follows the HTTP status."""
+    """The OpenAI error object, or Anthropic's for a request to one of its routes (``path``);
+    `type` follows the HTTP status."""
+    if speaks_anthropic(path):
+        return anthropic_error_body(status, message, param)
     error_type = _ERROR_TYPES.get(
         status, "server_error" if status >= 500 else "invalid_request_error"
     )
@@ -143,21 +154,21 @@ RETRY_AFTER_S = 1
 _RETRYABLE_STATUSES = frozenset({429, 503})
 
 
-def json_error(err: GatewayError) -> JSONResponse:
+def json_error(err: GatewayError, path: str = "") -> JSONResponse:
     headers = None
     if err.status in _RETRYABLE_STATUSES:
         # Whole seconds, rounded up (RFC 9110): a client never comes back too early.
         wait_s = RETRY_AFTER_S if err.retry_after_s is None else math.ceil(err.retry_after_s)
         headers = {"Retry-After": str(max(wait_s, 1))}
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+    return JSONResponse(err.body(path), status_code=err.status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Route every expected failure through `error_body`."""
 
-    async def on_gateway_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, GatewayError)
-        return json_error(exc)
+        return json_error(exc, request.url.path)
 
     async def on_rpc_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, grpc.aio.AioRpcError)
@@ -165,15 +176,15 @@ def install_error_handlers(app: FastAPI) -> None:
         if err.status >= 500:
             rid = getattr(request.state, "request_id", "-")
             logger.warning("frontend call failed: %s (rid=%s)", exc.code().name, rid)
-        return json_error(err)
+        return json_error(err, request.url.path)
 
-    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return json_error(_validation_error(exc))
+        return json_error(_validation_error(exc), request.url.path)
 
-    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        return json_error(GatewayError(exc.status_code, str(exc.detail)))
+        return json_error(GatewayError(exc.status_code, str(exc.detail)), request.url.path)
 
     app.add_exception_handler(GatewayError, on_gateway_error)
     app.add_exception_handler(grpc.aio.AioRpcError, on_rpc_error)

@@ -7,7 +7,7 @@ module decides about the rest, walking every nested object of the parsed body:
 * ``METADATA`` fields describe the request, never what is generated: accepted and
   logged at debug.
 * ``DEFAULT_ONLY`` fields are accepted while they hold the value that changes nothing
-  (``best_of: 1``, ``parallel_tool_calls: true``); any other value is refused.
+  (``best_of: 1``, ``use_beam_search: false``); any other value is refused.
 * A field whose value is null asks for nothing: accepted.
 * Everything else is a 400 naming the field, with the reason when it is a known
   feature tokenline does not implement (``UNSUPPORTED``).
@@ -57,7 +57,6 @@ METADATA: frozenset[str] = frozenset(
 )
 
 DEFAULT_ONLY: dict[str, Any] = {
-    "parallel_tool_calls": True,
     "best_of": 1,
     "use_beam_search": False,
     "length_penalty": 1.0,

@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import error_body
 from gateway.metrics import GatewayMetrics
-from services.common.auth.api_keys import KeyRing, bearer_token
+from services.common.auth.api_keys import KeyRing
 from services.common.auth.caller import set_caller
 
 logger = logging.getLogger(__name__)
@@ -27,8 +27,10 @@ REQUEST_ID_HEADER = "x-request-id"
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
-def _error(status: int, message: str, code: str) -> JSONResponse:
-    return JSONResponse(error_body(status, message, code=code), status_code=status)
+def _error(status: int, message: str, code: str, scope: Scope) -> JSONResponse:
+    """An error body in the shape the request's route speaks (OpenAI's or Anthropic's)."""
+    body = error_body(status, message, code=code, path=scope.get("path", ""))
+    return JSONResponse(body, status_code=status)
 
 
 def request_id_for(headers: Headers) -> str:
@@ -68,7 +70,7 @@ class RequestContextMiddleware:
         except Exception:
             logger.exception("unhandled error (rid=%s)", request_id)
             if not started:
-                response = _error(500, "internal server error", "internal_error")
+                response = _error(500, "internal server error", "internal_error", scope)
                 await response(scope, receive, send_with_id)
         finally:
             self.metrics.in_flight.dec()
@@ -87,8 +89,17 @@ def is_protected_path(path: str) -> bool:
     return path not in OPEN_PATHS and not path.startswith("/docs/")
 
 
+def presented_key(headers: Headers) -> str:
+    """The key a client presented: ``Authorization: Bearer <key>`` (OpenAI's SDKs) or else
+    ``x-api-key: <key>`` (Anthropic's); empty when neither. The one place that reads them."""
+    authorization = headers.get("authorization", "")
+    if authorization.startswith("Bearer "):
+        return authorization.removeprefix("Bearer ")
+    return headers.get("x-api-key", "")
+
+
 class ApiKeyMiddleware:
-    """`Authorization: Bearer <key>` on the API paths; /health and /metrics stay open.
+    """The API key on the API paths (``presented_key``); /health and /metrics stay open.
     The key found is the request's caller (services/common/auth/caller.py), whom the
     frontend is told about; roles and limits are the frontend's to apply."""
 
@@ -98,10 +109,9 @@ class ApiKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and is_protected_path(scope["path"]):
-            given = bearer_token(Headers(scope=scope).get("authorization", ""))
-            key = self.keys.authenticate(given)
+            key = self.keys.authenticate(presented_key(Headers(scope=scope)))
             if key is None:
-                response = _error(401, "invalid or missing API key", "invalid_api_key")
+                response = _error(401, "invalid or missing API key", "invalid_api_key", scope)
                 response.headers["WWW-Authenticate"] = "Bearer"
                 await response(scope, receive, send)
                 return
@@ -142,7 +152,7 @@ class BodyLimitMiddleware:
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = f"request body exceeds {self.max_bytes} bytes"
-        await _error(413, message, "request_too_large")(scope, receive, send)
+        await _error(413, message, "request_too_large", scope)(scope, receive, send)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -145,6 +145,9 @@ class ChatCompletionBody(SharedRequestBody):
     top_logprobs: int | None = None
     tools: list[ToolBody] | None = None
     tool_choice: str | dict[str, Any] | None = Field(None, description='"none" | "auto" | ...')
+    parallel_tool_calls: bool | None = Field(
+        None, description='false: tool_choice "required" makes exactly one call'
+    )
     add_generation_prompt: bool | None = None
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None

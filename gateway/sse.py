@@ -4,7 +4,8 @@ generation route's one choice between that stream and a single JSON body.
 Each message is one `data: {json}` frame and a clean end is `data: [DONE]`. A
 failure after the first frame cannot change the HTTP status any more, so it is
 sent as one `data: {"error": {...}}` frame (the OpenAI SDK raises it as APIError)
-and the stream ends without `[DONE]`.
+and the stream ends without `[DONE]`. Another protocol's stream (Anthropic's events)
+passes its own ``end`` and ``fail`` framing to the same relay.
 """
 
 from __future__ import annotations
@@ -40,8 +41,24 @@ def sse_frame(payload: dict[str, Any] | JsonBody) -> bytes:
     return b"data: " + text.encode("utf-8") + b"\n\n"
 
 
-async def relay(call: StreamCall, first: Message | Any, frame: Frame) -> AsyncIterator[bytes]:
-    """Frames for `first` and every later message; the call is cancelled however this ends.
+def done_frame() -> bytes:
+    return DONE_FRAME
+
+
+def error_frame(err: GatewayError) -> bytes:
+    return sse_frame(err.body())
+
+
+async def relay(
+    call: StreamCall,
+    first: Message | Any,
+    frame: Frame,
+    *,
+    end: Callable[[], bytes] = done_frame,
+    fail: Callable[[GatewayError], bytes] = error_frame,
+) -> AsyncIterator[bytes]:
+    """Frames for `first` and every later message, then `end()`, or `fail(error)` when the
+    call fails; the call is cancelled however this ends.
 
     Starlette cancels this generator when the client disconnects; the `finally`
     then cancels the RPC, which the frontend sees as CancelledError and aborts.
@@ -51,25 +68,35 @@ async def relay(call: StreamCall, first: Message | Any, frame: Frame) -> AsyncIt
         while message is not grpc.aio.EOF:
             yield frame(message)
             message = await call.read()
-        yield DONE_FRAME
+        yield end()
     except grpc.aio.AioRpcError as exc:
-        yield sse_frame(from_rpc_error(exc).body())
+        yield fail(from_rpc_error(exc))
     except Exception:
         logger.exception("stream relay failed")
-        yield sse_frame(GatewayError(500, "internal error while streaming").body())
+        yield fail(GatewayError(500, "internal error while streaming"))
     finally:
         call.cancel()
 
 
-async def stream_response(request: Request, call: StreamCall, frame: Frame) -> StreamingResponse:
-    """Wait for the first message so errors before any output get a real HTTP status."""
+async def stream_response(
+    request: Request,
+    call: StreamCall,
+    frame: Frame,
+    *,
+    end: Callable[[], bytes] = done_frame,
+    fail: Callable[[GatewayError], bytes] = error_frame,
+) -> StreamingResponse:
+    """Wait for the first message so errors before any output get a real HTTP status;
+    `end` and `fail` as for `relay`."""
     try:
         first = await until_disconnected(request, call.read(), call)
     except BaseException:
         call.cancel()
         raise
     return StreamingResponse(
-        relay(call, first, frame), media_type="text/event-stream", headers=SSE_HEADERS
+        relay(call, first, frame, end=end, fail=fail),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
     )
 
 

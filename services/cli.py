@@ -17,7 +17,8 @@ COMMANDS = {
     "detokenizer": "services.detokenizer",
     "build-model": "services.common.default_model",
     "healthcheck": "services.healthcheck",
-    "launch": "services.launch",
+    "serve": "services.launch",  # tokenline serve MODEL [any service's flags]
+    "launch": "services.launch",  # the same, by its older name
 }
 
 

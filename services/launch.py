@@ -1,4 +1,4 @@
-"""Run the whole stack as local processes on loopback (`make run`).
+"""Run the whole stack as local processes on loopback (`make run`, `tokenline serve`).
 
 Also the harness the integration tests use: ``LocalStack`` starts the four
 services as subprocesses on given ports, waits for each to be ready, and
@@ -30,9 +30,11 @@ from tokenline.v1 import (
     scheduler_pb2_grpc,
 )
 
+from services.common import flags_doc
 from services.common.envs import env_default
 from services.common.grpc_server import READINESS_SERVICE
 from services.common.tls import TlsSettings, add_tls_flags, open_sync_channel, pop_tls_settings
+from services.launch_flags import add_service_flags, check, route
 
 # Readiness probes retry a refused connection within 0.2 s instead of backing off.
 _PROBE_OPTIONS = (
@@ -271,8 +273,23 @@ class LocalStack:
 
 
 def create_parser() -> argparse.ArgumentParser:
+    """The launcher's own flags; ``create_serve_parser`` adds every service's."""
     p = argparse.ArgumentParser(
-        prog="tokenline launch", description="run tokenline's four services as local processes"
+        prog="tokenline serve",
+        usage="%(prog)s [MODEL] [flags of the launcher and of any service]",
+        description="run tokenline's four services as local processes. Every flag of the "
+        "four services is taken too and handed to the services that take it (one several "
+        "take goes to each), except each service's --port, --metrics-port and peer addresses, "
+        "which the launcher sets (--gateway-port, --metrics-ports); --help lists them by "
+        "service. A flag no service takes, or a value its service refuses, stops the launch "
+        "before anything starts.",
+        allow_abbrev=False,  # an abbreviation could name two services' flags
+    )
+    p.add_argument(
+        "model_dir",
+        nargs="?",
+        metavar="MODEL",
+        help="Hugging Face model directory every service loads (or --model)",
     )
     p.add_argument(
         "--model",
@@ -292,15 +309,42 @@ def create_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _metrics_ports(raw: str) -> tuple[int, int, int]:
-    ports = tuple(int(p) for p in raw.split(","))
-    if len(ports) != 3:
-        raise ValueError("three comma-separated ports: frontend,scheduler,detokenizer")
-    return ports
+def service_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each service's own parser, in the order docs/flags.md lists them."""
+    names = LocalStack("").commands()
+    parsers = {c.title: c.create_parser() for c in flags_doc.COMMANDS if c.title in names}
+    if len(parsers) != len(names):  # a service without a parser would lose its flags
+        raise RuntimeError(
+            f"no parser in flags_doc.COMMANDS for {sorted(set(names) - set(parsers))}"
+        )
+    return parsers
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = create_parser().parse_args(argv)
+def _wired_flags() -> dict[str, frozenset[str]]:
+    """The flags ``LocalStack`` gives each service itself (model, ports, peer addresses)."""
+    commands = LocalStack("MODEL").commands()
+    return {name: frozenset(t for t in cmd if t.startswith("--")) for name, cmd in commands.items()}
+
+
+def create_serve_parser(parsers: dict[str, argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    p = create_parser()
+    add_service_flags(p, parsers, _wired_flags())
+    p.epilog = (
+        "Each service's --port, --metrics-port and peer addresses are set by the launcher "
+        "(--gateway-port, --metrics-ports). A flag several services take goes to each."
+    )
+    return p
+
+
+def stack_from_args(argv: list[str] | None) -> LocalStack:
+    """The stack a command line asks for; a wrong flag or value exits here, naming it."""
+    parsers = service_parsers()
+    parser = create_serve_parser(parsers)
+    args = parser.parse_args(argv)
+    if args.model_dir not in (None, args.model) and args.model != parser.get_default("model"):
+        parser.error("MODEL and --model name different models; give one")
+    flags = route(args, list(parsers))
+    check(parsers, flags)
     tls = pop_tls_settings(args)
     frontend_metrics, scheduler_metrics, detokenizer_metrics = args.metrics_ports
     ports = StackPorts(
@@ -309,7 +353,28 @@ def main(argv: list[str] | None = None) -> None:
         scheduler_metrics=scheduler_metrics,
         detokenizer_metrics=detokenizer_metrics,
     )
-    stack = LocalStack(args.model, ports, host=args.host, tls=tls if tls.is_enabled else None)
+    return LocalStack(
+        args.model_dir or args.model,
+        ports,
+        host=args.host,
+        tls=tls if tls.is_enabled else None,
+        scheduler_args=flags["scheduler"],
+        frontend_args=flags["frontend"],
+        detokenizer_args=flags["detokenizer"],
+        gateway_args=flags["gateway"],
+    )
+
+
+def _metrics_ports(raw: str) -> tuple[int, int, int]:
+    ports = tuple(int(p) for p in raw.split(","))
+    if len(ports) != 3:
+        raise ValueError("three comma-separated ports: frontend,scheduler,detokenizer")
+    return ports
+
+
+def main(argv: list[str] | None = None) -> None:
+    stack = stack_from_args(argv)
+    host = stack.host
     print("starting detokenizer, scheduler, frontend and gateway ...", flush=True)
     try:
         stack.start()
@@ -318,9 +383,8 @@ def main(argv: list[str] | None = None) -> None:
     except (RuntimeError, TimeoutError) as exc:
         raise SystemExit(f"tokenline did not start: {exc} (its output is above)") from None
     print(
-        f"tokenline is serving {args.model} at {stack.base_url}  (Ctrl-C stops all four)\n"
-        "metrics: "
-        + "  ".join(stack.ports.metrics_url(name, args.host) for name in stack.commands()),
+        f"tokenline is serving {stack.model} at {stack.base_url}  (Ctrl-C stops all four)\n"
+        "metrics: " + "  ".join(stack.ports.metrics_url(name, host) for name in stack.commands()),
         flush=True,
     )
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -54,7 +54,11 @@ COMMANDS = (
         "python -m services.detokenizer",
         "services.detokenizer.__main__:create_parser",
     ),
-    Command("launch", "python -m services.launch (make run)", "services.launch:create_parser"),
+    Command(
+        "serve",
+        "tokenline serve MODEL [flags] (make run ARGS=...)",
+        "services.launch:create_parser",
+    ),
     Command("healthcheck", "tokenline healthcheck", "services.healthcheck:create_parser"),
 )
 
@@ -70,6 +74,11 @@ one falls back to (`services/common/envs.py` declares them all; a flag given on 
 line wins; a bad value stops the process at start, naming the variable). The defaults are
 the code's, with no variable set. `python -m <module> --help` prints the same. The one
 image's `tokenline <command>` runs each of these ([deployment.md](deployment.md)).
+
+One command takes them all: `tokenline serve MODEL [flags]` (and `make run ARGS="..."`)
+hands each service flag to the services that take it, e.g.
+`make run ARGS="--tool-call-parser deepseek_v31 --dtype float32 --log-level debug"`
+([serve](#serve)).
 """
 
 

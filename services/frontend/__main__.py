@@ -229,7 +229,8 @@ def _add_output_flags(p: argparse.ArgumentParser) -> None:
         metavar="{" + ",".join(TOOL_PARSERS) + "}",
         default=env_default("TOKENLINE_TOOL_CALL_PARSER", "", _choice(TOOL_PARSERS)),
         help="read the model's tool calls in this syntax (deepseek_v31: the default model); "
-        "needed for tool_choice 'required' or a named function (default: none)",
+        "needed for tool_choice 'auto'. Without one, 'required' and a named function force "
+        "plain JSON the server reads back itself (default: none)",
     )
     p.add_argument(
         "--reasoning-parser",

@@ -35,7 +35,7 @@ def test_every_command_and_flag_is_in_the_reference() -> None:
 def test_environment_column_names_only_real_fallbacks() -> None:
     """--multiplex reads TOKENLINE_MULTIPLEX; launch's --host reads no variable, though
     TOKENLINE_HOST exists (the services' --host reads it)."""
-    gateway, launch = (c for c in flags_doc.COMMANDS if c.title in ("gateway", "launch"))
+    gateway, launch = (c for c in flags_doc.COMMANDS if c.title in ("gateway", "serve"))
     assert flags_doc.env_fallbacks(gateway, gateway.create_parser())["multiplex"] == (
         "TOKENLINE_MULTIPLEX"
     )

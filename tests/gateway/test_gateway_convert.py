@@ -48,9 +48,12 @@ def test_chat_tools_tool_choice_and_history() -> None:
         messages=history,
         tools=[tool],
         tool_choice={"type": "function", "function": {"name": "f"}},
+        parallel_tool_calls=False,
         stream_options={"include_usage": True},
     )
     assert req.request_id == "rid-1"
+    assert req.HasField("parallel_tool_calls") and not req.parallel_tool_calls
+    assert not _chat().HasField("parallel_tool_calls")  # unset: OpenAI's default, true
     assert json.loads(req.tools[0].function.parameters_json) == {"type": "object"}
     assert json_format.MessageToDict(req.tool_choice)["function"] == {"name": "f"}
     assert req.messages[1].WhichOneof("content_kind") is None

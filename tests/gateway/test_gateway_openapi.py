@@ -11,6 +11,8 @@ import httpx
 import pytest
 from jsonschema import Draft202012Validator
 
+from gateway.anthropic_errors import speaks_anthropic
+
 REF_PREFIX = "#/components/schemas/"
 
 
@@ -57,12 +59,13 @@ def test_every_ref_resolves(spec: dict[str, Any]) -> None:
 
 
 def test_bodies_document_400_with_the_error_schema(spec: dict[str, Any]) -> None:
-    error_ref = {"$ref": f"{REF_PREFIX}ErrorResponse"}
+    """OpenAI's error body, or Anthropic's on Anthropic's routes."""
     for path, method, operation in _operations(spec):
         if "requestBody" not in operation:
             continue
+        shape = "AnthropicErrorResponse" if speaks_anthropic(path) else "ErrorResponse"
         documented = operation["responses"]["400"]["content"]["application/json"]["schema"]
-        assert documented == error_ref, (path, method)
+        assert documented == {"$ref": f"{REF_PREFIX}{shape}"}, (path, method)
         assert {"401", "413", "500", "503", "504"} <= set(operation["responses"])
 
 

@@ -172,8 +172,9 @@ def add_api_key_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--api-key",
         default=env_default("TOKENLINE_API_KEY", None),
-        help="one admin key callers present as `Authorization: Bearer KEY`, fixed for the "
-        "process's life (env preferred: a flag shows in the process list)",
+        help="one admin key callers present as `Authorization: Bearer KEY` (the gateway also "
+        "takes `x-api-key: KEY`), fixed for the process's life (env preferred: a flag shows "
+        "in the process list)",
     )
     parser.add_argument(
         "--api-key-file",

@@ -39,6 +39,7 @@ class ChatInput:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     kwargs: dict[str, Any] = field(default_factory=dict)
+    parallel_tool_calls: bool = True  # false: at most one call (not a template variable)
 
 
 def plain(value: Any) -> Any:
@@ -92,6 +93,7 @@ def message_to_dict(
         raise InvalidArgumentError(
             f"messages[{index}].role {msg.role!r} is not one of {list(ROLES)}", field="messages"
         )
+    check_role_fields(msg, index)
     out: dict[str, Any] = {"role": msg.role, "content": _content(msg, index, fmt)}
     if msg.name:
         out["name"] = msg.name
@@ -102,6 +104,23 @@ def message_to_dict(
     if msg.reasoning_content:
         out["reasoning_content"] = msg.reasoning_content
     return out
+
+
+def check_role_fields(msg: openai_pb2.ChatMessage, index: int) -> None:
+    """The fields OpenAI's spec requires of each role: content for every role but an
+    assistant that calls tools, and the call a tool result answers. A message without
+    them would reach the template as an empty turn (and a model generates on from it)."""
+    has_content = msg.WhichOneof("content_kind") is not None
+    if not has_content and not (msg.role == "assistant" and msg.tool_calls):
+        needs = "content or tool_calls" if msg.role == "assistant" else "content"
+        raise InvalidArgumentError(
+            f"a {msg.role} message needs {needs}", field=f"messages[{index}].content"
+        )
+    if msg.role == "tool" and not msg.tool_call_id:
+        raise InvalidArgumentError(
+            "a tool message needs the id of the call it answers",
+            field=f"messages[{index}].tool_call_id",
+        )
 
 
 def tool_to_dict(tool: openai_pb2.Tool, index: int) -> dict[str, Any]:
@@ -205,4 +224,7 @@ def chat_input(request: openai_pb2.ChatCompletionRequest, fmt: ContentFormat) ->
             "continue_final_message needs a final assistant message",
             field="continue_final_message",
         )
-    return ChatInput(messages, tools or None, add_generation_prompt, continue_final, kwargs)
+    parallel = not request.HasField("parallel_tool_calls") or request.parallel_tool_calls
+    return ChatInput(
+        messages, tools or None, add_generation_prompt, continue_final, kwargs, parallel
+    )

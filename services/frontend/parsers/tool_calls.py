@@ -210,6 +210,12 @@ class ToolParser:
 
     # ---- shared steps ----
 
+    def _rest_is_text(self) -> bool:
+        """Everything buffered is content (the output is not, or no longer, calls)."""
+        self._text(self.buf)
+        self.buf = ""
+        return False
+
     def _text_until(self, marker: str, final: bool) -> bool:
         """Plain text up to ``marker``; True (marker consumed) once it is found."""
         i = self.buf.find(marker)
@@ -244,7 +250,7 @@ class ToolParser:
         return end >= 0
 
 
-def _header_name(parser: ToolParser, m: regex.Match[str] | None) -> str | None:
+def header_name(parser: ToolParser, m: regex.Match[str] | None) -> str | None:
     """The called name from a header match (a JSON string's body), or None. A name JSON
     cannot read gives the header's text back, to be read whole."""
     if m is None:
@@ -303,7 +309,7 @@ class HermesParser(ToolParser):
         m = self._match(self.HEADER, final)
         if m == "wait":
             return False
-        name = _header_name(self, m)
+        name = header_name(self, m)
         if name is None:
             self.state = "whole"
             return True
@@ -358,9 +364,7 @@ class Llama3JsonParser(ToolParser):
 
     def _step(self, final: bool) -> bool:
         if self.state == "text":
-            self._text(self.buf)
-            self.buf = ""
-            return False
+            return self._rest_is_text()
         if self.state == "header":
             return self._header(final)
         if self.state == "arguments":
@@ -387,7 +391,7 @@ class Llama3JsonParser(ToolParser):
         m = self._match(self.HEADER, final)
         if m == "wait":
             return False
-        name = _header_name(self, m)
+        name = header_name(self, m)
         if name is not None:
             self._call_starts(name)
             self.scan = JsonScan(depth=1)

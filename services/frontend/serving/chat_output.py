@@ -29,7 +29,7 @@ class ChatParsing:
 
     reasoning: type[ReasoningParser] | None = None
     starts_in_reasoning: bool = False
-    tools: type[ToolParser] | None = None
+    tools: Callable[[], ToolParser] | None = None  # makes a choice's tool-call reader
 
     @property
     def reads_reasoning(self) -> bool:

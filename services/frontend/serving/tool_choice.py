@@ -3,35 +3,42 @@
 | tool_choice | the output is read for calls | decoding |
 |---|---|---|
 | ``"none"``, or no tools | no: all of it is content | free |
-| ``"auto"`` (the default with tools) | by ``--tool-call-parser``, when the server has one | free |
-| ``"required"`` | by the parser | one or more calls to the request's tools |
-| ``{"type": "function", "function": {"name": N}}`` | by the parser | exactly one call to N |
+| ``"auto"`` | by ``--tool-call-parser`` (refused without one) | free |
+| no tool_choice, with tools | by the parser when the server has one, else all content | free |
+| ``"required"`` | by the parser, or as a JSON list | one or more calls to the request's tools |
+| a named function N | by the parser, or as N's arguments | exactly one call to N |
 
-The last two need a parser: the grammar is written in its syntax (xgrammar structural
-tags: a call's opening text, its parameters' JSON Schema, its closing text), so what
-decoding forces is exactly what the parser reads, each call's arguments valid against its
-tool's schema (strict: no unlisted properties). It travels to the scheduler as EBNF
-(``SamplingParams.ebnf``) like any other grammar, so another grammar in the same request
-(``response_format``, ...) is refused. With a reasoning parser the grammar lets the
-reasoning come first: up to ``</think>`` when the output starts inside the block, an
-optional ``<think>…</think>`` otherwise.
+A forced choice is a grammar in the syntax of whatever reads the output (xgrammar
+structural tags: a call's opening text, its parameters' JSON Schema, its closing text), so
+what decoding forces is exactly what is read back, each call's arguments valid against its
+tool's schema (strict: no unlisted properties). With ``--tool-call-parser`` that is the
+model's own syntax; without one, the plain JSON of ``parsers/json_tool_calls.py``. It
+travels to the scheduler as EBNF (``SamplingParams.ebnf``) like any other grammar, so
+another grammar in the same request (``response_format``, ...) is refused. With a reasoning
+parser the grammar lets the reasoning come first: up to ``</think>`` when the output starts
+inside the block, an optional ``<think>…</think>`` otherwise.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from services.common.errors import InvalidArgumentError
 from services.common.grammar import JSON_MAX_WHITESPACE, GrammarError, structural_tag_ebnf
 from services.frontend.chat.messages import ChatInput
+from services.frontend.parsers.json_tool_calls import JsonArgumentsParser, JsonListParser
 from services.frontend.parsers.reasoning import THINK_END, THINK_START
 from services.frontend.parsers.tool_calls import ToolParser
 from services.frontend.validation.params import RequestedParams
 from services.frontend.validation.structured_output import BuildCache
 
 Mode = Literal["none", "auto", "required", "named"]
+# Makes the parser that reads one choice's output.
+ToolReader = Callable[[], ToolParser]
 # Reasoning before the calls: none, an optional <think> block, or up to </think>.
 ReasoningLead = Literal["none", "optional", "required"]
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -42,17 +49,19 @@ _WHITESPACE = {"type": "regex", "pattern": r"\s{0,4}"}
 class ToolChoice:
     mode: Mode
     name: str = ""  # the function a named choice forces
+    is_explicit: bool = False  # the request named its tool_choice
+    is_parallel: bool = True  # parallel_tool_calls: false holds "required" to one call
 
     @classmethod
     def of(cls, chat: ChatInput) -> ToolChoice:
         """From a validated ChatInput (``chat_messages.tool_choice_value`` checked it)."""
-        value = chat.kwargs.get("tool_choice")
+        value, parallel = chat.kwargs.get("tool_choice"), chat.parallel_tool_calls
         if not chat.tools or value == "none":
             return cls("none")
         if value is None or value == "auto":
-            return cls("auto")
+            return cls("auto", is_explicit=value is not None, is_parallel=parallel)
         if value == "required":
-            return cls("required")
+            return cls("required", is_parallel=parallel)
         return cls("named", value["function"]["name"])
 
     @property
@@ -79,30 +88,47 @@ async def plan_tool_calls(
     parser: type[ToolParser] | None,
     lead: ReasoningLead,
     grammars: ToolGrammars,
-) -> type[ToolParser] | None:
-    """The parser that reads this request's output (None: all of it is content). A forced
+) -> ToolReader | None:
+    """What reads this request's output for calls (None: all of it is content). A forced
     choice also sets the request's grammar; one it cannot honour is refused by name."""
     choice = ToolChoice.of(chat)
     if choice.mode == "none":
         return None
-    if parser is None:
-        if choice.is_forced:
+    if not choice.is_forced:
+        if not choice.is_parallel:
             raise InvalidArgumentError(
-                f"{choice.mode!r} needs the server to run a --tool-call-parser",
+                "false needs tool_choice 'required' or a named function (under 'auto' "
+                "nothing holds the model to one call)",
+                field="parallel_tool_calls",
+            )
+        if parser is None and choice.is_explicit:
+            raise InvalidArgumentError(
+                "'auto' needs the server to run a --tool-call-parser (the model's call "
+                "syntax); 'required' and a named function work without one",
                 field="tool_choice",
             )
-        return None
-    if choice.is_forced:
-        spec = requested.params.grammar
-        if spec is not None:
-            other = requested.aliases.get(spec.kind, spec.kind)
-            raise InvalidArgumentError(f"cannot be combined with {other}", field="tool_choice")
-        assert chat.tools is not None  # ToolChoice.of: no tools is "none"
-        requested.params.ebnf = await grammars.ebnf(
-            structural_tag(parser, chat.tools, choice, lead)
-        )
-        requested.aliases["ebnf"] = "tools"
-    return parser
+        return parser
+    spec = requested.params.grammar
+    if spec is not None:
+        other = requested.aliases.get(spec.kind, spec.kind)
+        raise InvalidArgumentError(f"cannot be combined with {other}", field="tool_choice")
+    assert chat.tools is not None  # ToolChoice.of: no tools is "none"
+    syntax, reader = _forced_reader(parser, choice)
+    requested.params.ebnf = await grammars.ebnf(structural_tag(syntax, chat.tools, choice, lead))
+    requested.aliases["ebnf"] = "tools"
+    return reader
+
+
+def _forced_reader(
+    parser: type[ToolParser] | None, choice: ToolChoice
+) -> tuple[type[ToolParser], ToolReader]:
+    """The syntax a forced choice's grammar writes, and what reads it back: the server's
+    parser, else plain JSON (a list of calls, or the named function's arguments)."""
+    if parser is not None:
+        return parser, parser
+    if choice.mode == "named":
+        return JsonArgumentsParser, functools.partial(JsonArgumentsParser, choice.name)
+    return JsonListParser, JsonListParser
 
 
 def structural_tag(
@@ -118,6 +144,7 @@ def structural_tag(
             "tags": [_call_tag(parser, f) for f in functions],
             "separator": parser.SEPARATOR,
             "at_least_one": True,
+            "stop_after_first": not choice.is_parallel,
         }
     elements = [calls]
     if parser.SECTION_BEGIN:
@@ -134,16 +161,15 @@ def structural_tag(
 def _call_tag(parser: type[ToolParser], function: dict[str, Any]) -> dict[str, Any]:
     # No parameters (or an empty schema, which would allow any JSON value): an empty object.
     schema = function.get("parameters") or NO_PARAMETERS
-    return {
-        "type": "tag",
-        "begin": parser.call_begin(function["name"]),
-        "content": {
-            "type": "json_schema",
-            "json_schema": schema,
-            "max_whitespace_cnt": JSON_MAX_WHITESPACE,
-        },
-        "end": parser.CALL_END,
+    arguments = {
+        "type": "json_schema",
+        "json_schema": schema,
+        "max_whitespace_cnt": JSON_MAX_WHITESPACE,
     }
+    begin = parser.call_begin(function["name"])
+    if not begin and not parser.CALL_END:  # a syntax that is the arguments alone
+        return arguments
+    return {"type": "tag", "begin": begin, "content": arguments, "end": parser.CALL_END}
 
 
 def _thinking(begin: str) -> dict[str, Any]:

@@ -16,9 +16,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import xgrammar
 from google.protobuf import json_format
 from tokenline.v1 import common_pb2, detokenizer_pb2, openai_pb2
 from transformers import PreTrainedTokenizerBase
+from xgrammar.testing import _is_grammar_accept_string
 
 from services.common.errors import InvalidArgumentError
 from services.frontend.chat.template import ChatTemplate
@@ -249,9 +251,41 @@ async def test_a_forced_choice_dispatches_its_grammar(make_serving, choice: Any)
     assert unary.choices[0].finish_reason == "tool_calls"
 
 
-async def test_a_forced_choice_without_a_parser_is_refused(make_serving) -> None:
+JSON_CALLS = (
+    f'[{{"name": "get_weather", "arguments": {CALL_ARGS}}}, {{"name": "now", "arguments": {{}}}}]'
+)
+NOW = {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    ("choice", "script", "expected"),
+    [
+        ("required", JSON_CALLS, [("get_weather", CALL_ARGS), ("now", "{}")]),
+        ({"type": "function", "function": {"name": "get_weather"}}, CALL_ARGS, None),
+    ],
+)
+async def test_a_forced_choice_without_a_parser_reads_its_json_back(
+    make_serving, choice: Any, script: str, expected: list[tuple[str, str]] | None
+) -> None:
+    """No --tool-call-parser: the grammar forces plain JSON (a list of calls, or the named
+    function's arguments), which comes back as tool_calls, unary and streamed alike."""
+    expected = expected or [("get_weather", CALL_ARGS)]
+    serving = make_serving(script)
+    unary, chunks = await both(serving, tools=[WEATHER, NOW], tool_choice=choice)
+    [req, _] = serving.manager.requests
+    assert req.params.ebnf is not None  # the grammar forces exactly what is read back
+    assert _is_grammar_accept_string(xgrammar.Grammar.from_ebnf(req.params.ebnf), script)
+    message = unary.choices[0].message
+    assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == expected
+    assert not message.HasField("content") and unary.choices[0].finish_reason == "tool_calls"
+    streamed = joined(chunks)
+    assert [(c["name"], c["args"]) for c in streamed["calls"].values()] == expected
+    assert streamed["content"] == "" and streamed["finish"] == "tool_calls"
+
+
+async def test_auto_without_a_parser_is_refused_naming_the_flag(make_serving) -> None:
     serving = make_serving(HERMES_CALL)
     with pytest.raises(InvalidArgumentError) as info:
-        await serving.complete(chat(tools=[WEATHER], tool_choice="required"))
-    assert info.value.field == "tool_choice"
+        await serving.complete(chat(tools=[WEATHER], tool_choice="auto"))
+    assert info.value.field == "tool_choice" and "--tool-call-parser" in info.value.message
     assert not serving.manager.requests

@@ -17,6 +17,7 @@ from xgrammar.testing import _is_grammar_accept_string
 from services.common.errors import InvalidArgumentError
 from services.common.grammar import structural_tag_ebnf
 from services.frontend.chat.messages import ChatInput
+from services.frontend.parsers.json_tool_calls import JsonArgumentsParser, JsonListParser
 from services.frontend.parsers.tool_calls import TOOL_PARSERS, HermesParser, ToolParser
 from services.frontend.serving.tool_choice import (
     ReasoningLead,
@@ -44,6 +45,9 @@ WEATHER: dict[str, Any] = {
 }
 NOW: dict[str, Any] = {"type": "function", "function": {"name": "now"}}
 PARSERS = sorted(set(TOOL_PARSERS.values()), key=lambda c: c.NAME)
+# Without --tool-call-parser: "required" is a JSON list, a named choice its arguments.
+REQUIRED_SYNTAXES = [*PARSERS, JsonListParser]
+NAMED_SYNTAXES = [*PARSERS, JsonArgumentsParser]
 
 
 def grammar(
@@ -61,7 +65,7 @@ def calls_text(parser: type[ToolParser], *calls: tuple[str, str]) -> str:
 PARIS = '{"city": "Paris", "unit": "c"}'
 
 
-@pytest.mark.parametrize("parser", PARSERS, ids=lambda p: p.NAME)
+@pytest.mark.parametrize("parser", REQUIRED_SYNTAXES, ids=lambda p: p.NAME)
 def test_required_accepts_one_or_more_valid_calls_and_nothing_else(
     parser: type[ToolParser],
 ) -> None:
@@ -88,7 +92,7 @@ def test_required_accepts_one_or_more_valid_calls_and_nothing_else(
         assert not _is_grammar_accept_string(g, text), text
 
 
-@pytest.mark.parametrize("parser", PARSERS, ids=lambda p: p.NAME)
+@pytest.mark.parametrize("parser", NAMED_SYNTAXES, ids=lambda p: p.NAME)
 def test_a_named_choice_is_exactly_one_call_to_it(parser: type[ToolParser]) -> None:
     g = grammar(parser, ToolChoice("named", "get_weather"))
     assert _is_grammar_accept_string(g, calls_text(parser, ("get_weather", PARIS)))
@@ -97,12 +101,13 @@ def test_a_named_choice_is_exactly_one_call_to_it(parser: type[ToolParser]) -> N
     assert not _is_grammar_accept_string(g, two)
 
 
-def test_reasoning_may_or_must_come_first() -> None:
-    call = calls_text(HermesParser, ("now", "{}"))
-    required = grammar(HermesParser, ToolChoice("required"), "required")
+@pytest.mark.parametrize("parser", [HermesParser, JsonListParser], ids=lambda p: p.NAME)
+def test_reasoning_may_or_must_come_first(parser: type[ToolParser]) -> None:
+    call = calls_text(parser, ("now", "{}"))
+    required = grammar(parser, ToolChoice("required"), "required")
     assert _is_grammar_accept_string(required, "Let me see.</think>\n\n" + call)
     assert not _is_grammar_accept_string(required, call)
-    optional = grammar(HermesParser, ToolChoice("required"), "optional")
+    optional = grammar(parser, ToolChoice("required"), "optional")
     assert _is_grammar_accept_string(optional, "<think>Hmm.</think>\n" + call)
     assert _is_grammar_accept_string(optional, call)
 
@@ -133,8 +138,14 @@ async def test_none_and_auto_read_without_constraining() -> None:
         assert found is expected and requested.params.grammar is None
     found, _ = await plan(chat([], None), HermesParser)
     assert found is None  # no tools: nothing to call
-    found, _ = await plan(chat([WEATHER], "auto"), None)
-    assert found is None  # no parser on the server: content, as before
+    found, _ = await plan(chat([WEATHER], None), None)
+    assert found is None  # tools, no choice, no parser on the server: content, as before
+
+
+async def test_auto_without_a_parser_is_refused_naming_the_flag() -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        await plan(chat([WEATHER], "auto"), None)
+    assert info.value.field == "tool_choice" and "--tool-call-parser" in info.value.message
 
 
 @pytest.mark.parametrize(
@@ -151,9 +162,25 @@ async def test_a_forced_choice_sets_the_grammar(choice: Any) -> None:
 
 
 @pytest.mark.parametrize(
+    ("choice", "script"),
+    [
+        ("required", '[{"name": "get_weather", "arguments": ' + PARIS + "}]"),
+        ({"type": "function", "function": {"name": "get_weather"}}, PARIS),
+    ],
+)
+async def test_without_a_parser_a_forced_choice_is_plain_json(choice: Any, script: str) -> None:
+    found, requested = await plan(chat([WEATHER, NOW], choice), None)
+    spec = requested.params.grammar
+    assert found is not None and spec is not None and spec.kind == "ebnf"
+    assert _is_grammar_accept_string(xgrammar.Grammar.from_ebnf(spec.text), script)
+    [call] = found().parse(script).calls
+    assert (call.name, call.arguments) == ("get_weather", PARIS)
+
+
+@pytest.mark.parametrize(
     ("parser", "fields", "tools", "field", "message"),
     [
-        (None, {}, [WEATHER], "tool_choice", "--tool-call-parser"),
+        (None, {"responseFormat": {"type": "json_object"}}, [WEATHER], "tool_choice", "response"),
         (
             HermesParser,
             {"responseFormat": {"type": "json_object"}},
@@ -189,3 +216,18 @@ def test_the_structural_tag_is_json_and_names_every_tool() -> None:
         HermesParser.call_begin("get_weather"),
         HermesParser.call_begin("now"),
     ]
+
+
+@pytest.mark.parametrize("parser", REQUIRED_SYNTAXES, ids=lambda p: p.NAME)
+def test_required_without_parallel_calls_is_exactly_one_call(parser: type[ToolParser]) -> None:
+    g = grammar(parser, ToolChoice("required", is_parallel=False))
+    assert _is_grammar_accept_string(g, calls_text(parser, ("now", "{}")))
+    assert not _is_grammar_accept_string(g, calls_text(parser, ("now", "{}"), ("now", "{}")))
+
+
+async def test_one_call_under_auto_is_refused_by_name() -> None:
+    chat_input = chat([WEATHER], "auto")
+    chat_input.parallel_tool_calls = False
+    with pytest.raises(InvalidArgumentError) as info:
+        await plan(chat_input, HermesParser)
+    assert info.value.field == "parallel_tool_calls"
