@@ -15,7 +15,7 @@ from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestContextMiddleware
 from gateway.openapi import install_openapi
-from gateway.routes import messages, native, openai, ops, sessions
+from gateway.routes import messages, native, openai, ops, responses_api, sessions
 
 ChannelFactory = Callable[[GatewayConfig], grpc.aio.Channel]
 
@@ -49,6 +49,7 @@ def create_app(config: GatewayConfig, channel_factory: ChannelFactory | None = N
     )
     app.include_router(openai.router)
     app.include_router(messages.router)
+    app.include_router(responses_api.router)
     app.include_router(native.router)
     app.include_router(ops.router)
     app.include_router(sessions.router)
