@@ -61,12 +61,20 @@ def responses_request_to_proto(
         tools=[_tool(t) for t in body.tools or ()],
         user=body.user or "",
         request_id=request_id,
+        previous_response_id=body.previous_response_id or "",
     )
     if isinstance(body.input, str):
         out.input_text = body.input
     else:
         out.input_items.items.extend(_item(i) for i in body.input)
-    for name in ("max_output_tokens", "temperature", "top_p", "parallel_tool_calls", "seed"):
+    for name in (
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "parallel_tool_calls",
+        "seed",
+        "store",
+    ):
         value = getattr(body, name)
         if value is not None:
             try:

@@ -82,8 +82,8 @@ def response_to_dict(response: responses_pb2.Response) -> dict[str, Any]:
         "output": [item_to_dict(i) for i in response.output],
         "usage": _usage(response.usage) if response.HasField("usage") else None,
         "metadata": {},
-        "store": False,
-        "previous_response_id": None,
+        "store": response.store,
+        "previous_response_id": response.previous_response_id or None,
     }
 
 

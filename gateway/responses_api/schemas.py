@@ -84,3 +84,10 @@ class ResponsesBody(_Body):
     stream: bool = False
     user: str | None = None
     seed: int | None = Field(None, description="not OpenAI's: the sampling seed (vLLM's extra)")
+    store: bool | None = Field(
+        None,
+        description="default true: kept on the frontend (bounded, expiring)",
+    )
+    previous_response_id: str | None = Field(
+        None, description="continue this stored response; 404 naming it when unknown or expired"
+    )

@@ -6,10 +6,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from tokenline.v1 import responses_pb2
 
 from gateway.client import FrontendClient, until_disconnected
 from gateway.extra_fields import check_extra_fields
-from gateway.openapi import GENERATION_ERRORS, error_responses
+from gateway.openapi import GENERATION_ERRORS, READ_ERRORS, error_responses, responses
 from gateway.responses_api.bodies import ResponseObject
 from gateway.responses_api.convert import responses_request_to_proto
 from gateway.responses_api.render import ResponseFrames, response_to_dict
@@ -46,3 +47,16 @@ async def create_response(body: ResponsesBody, request: Request) -> Response:
         return await stream_response(request, call, frames, end=frames.end, fail=frames.fail)
     unary = client.stub.ResponsesCreate(proto, **options)
     return JSONResponse(response_to_dict(await until_disconnected(request, unary, unary)))
+
+
+@router.get(
+    "/v1/responses/{response_id}",
+    response_model=None,
+    responses=responses(ResponseObject, "The stored response.", (404, *READ_ERRORS)),
+)
+async def retrieve_response(response_id: str, request: Request) -> dict[str, Any]:
+    """A response stored by this frontend; 404 naming the id when unknown or expired."""
+    client: FrontendClient = request.state.frontend
+    proto = responses_pb2.ResponsesGetRequest(response_id=response_id)
+    call = client.stub.ResponsesGet(proto, **client.options(request.state.request_id))
+    return response_to_dict(await until_disconnected(request, call, call))

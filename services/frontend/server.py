@@ -98,6 +98,10 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
             yield event
 
     @grpc_errors
+    async def ResponsesGet(self, request, context):  # noqa: N802
+        return self.responses.get(request.response_id)
+
+    @grpc_errors
     async def Multiplex(self, request_iterator, context):  # noqa: N802
         async for batch in serve_multiplexed(request_iterator, self._open_stream, self.streams):
             yield batch

@@ -22,6 +22,7 @@ EXPECTED_RULES: dict[str, tuple[str, str, str]] = {
     "CompletionStream": ("post", "/tokenline.v1/completions:stream", "*"),
     "ResponsesCreate": ("post", "/tokenline.v1/responses", "*"),
     "ResponsesCreateStream": ("post", "/tokenline.v1/responses:stream", "*"),
+    "ResponsesGet": ("get", "/tokenline.v1/responses/{response_id}", ""),
     "Generate": ("post", "/tokenline.v1/generate", "*"),
     "GenerateStream": ("post", "/tokenline.v1/generate:stream", "*"),
     "Tokenize": ("post", "/tokenline.v1/tokenize", "*"),

@@ -187,3 +187,33 @@ def test_grpc_refuses_a_bad_field_by_name(frontend: Any) -> None:
         frontend.ResponsesCreate(request, timeout=60)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert field_of(info.value) == "max_output_tokens"  # type: ignore[arg-type]
+
+
+def test_a_stored_response_is_retrieved_and_continued(client: openai.OpenAI, model_id: str) -> None:
+    first = _create(client, model_id, 0, instructions="Be brief.")
+    assert first.store is True
+    got = client.responses.retrieve(first.id)
+    assert got.id == first.id and got.output_text == first.output_text
+    assert got.usage.output_tokens == first.usage.output_tokens
+    second = _create(client, model_id, 1, input="And then?", previous_response_id=first.id)
+    assert second.previous_response_id == first.id and second.status in ("completed", "incomplete")
+    # The continuation's prompt holds the first turn's input and output.
+    assert second.usage.input_tokens > first.usage.input_tokens
+    events = list(
+        _create(client, model_id, 1, input="And then?", previous_response_id=first.id, stream=True)
+    )
+    assert events[-1].response.output_text == second.output_text
+    assert client.responses.retrieve(events[-1].response.id).id == events[-1].response.id
+
+
+def test_an_unknown_or_unstored_id_is_a_404_naming_it(client: openai.OpenAI, model_id: str) -> None:
+    kept = _create(client, model_id, 0, store=False)
+    assert kept.store is False
+    with pytest.raises(openai.NotFoundError) as info:
+        client.responses.retrieve(kept.id)
+    assert kept.id in info.value.body["message"]  # type: ignore[index]
+    for stream in (False, True):
+        with pytest.raises(openai.NotFoundError) as info:
+            _create(client, model_id, 0, previous_response_id="resp_nope", stream=stream)
+        body: Any = info.value.body
+        assert body["param"] == "previous_response_id" and "resp_nope" in body["message"]

@@ -6,6 +6,8 @@ Responses field the client actually sent."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from google.protobuf import json_format, struct_pb2
 from tokenline.v1 import openai_pb2, responses_pb2
 
@@ -33,13 +35,17 @@ def responses_field(field: str | None) -> str | None:
 
 
 def chat_request_of(
-    request: responses_pb2.ResponsesRequest, *, stream: bool
+    request: responses_pb2.ResponsesRequest,
+    *,
+    stream: bool,
+    history: Sequence[openai_pb2.ChatMessage] = (),
 ) -> openai_pb2.ChatCompletionRequest:
-    """The chat request for ``request``; ``stream`` asks for the usage chunk a stream needs."""
+    """The chat request for ``request`` after ``history`` (a stored conversation it
+    continues); ``stream`` asks for the usage chunk a stream needs."""
     _check_strict(request)
     chat = openai_pb2.ChatCompletionRequest(
         model=request.model,
-        messages=_messages(request),
+        messages=[*_instructions(request), *history, *input_messages(request)],
         stream=stream,
         tools=[_tool(t) for t in request.tools],
         user=request.user,
@@ -93,10 +99,16 @@ def _sampling_into(out: openai_pb2.OpenAISampling, request: responses_pb2.Respon
                 spec.strict = fmt.strict
 
 
-def _messages(request: responses_pb2.ResponsesRequest) -> list[openai_pb2.ChatMessage]:
+def _instructions(request: responses_pb2.ResponsesRequest) -> list[openai_pb2.ChatMessage]:
+    """A system message; a continuation does not inherit it (OpenAI's rule)."""
+    if not request.instructions:
+        return []
+    return [openai_pb2.ChatMessage(role="system", content=request.instructions)]
+
+
+def input_messages(request: responses_pb2.ResponsesRequest) -> list[openai_pb2.ChatMessage]:
+    """``input`` as chat messages."""
     out: list[openai_pb2.ChatMessage] = []
-    if request.instructions:
-        out.append(openai_pb2.ChatMessage(role="system", content=request.instructions))
     kind = request.WhichOneof("input_kind")
     if kind == "input_text":
         out.append(openai_pb2.ChatMessage(role="user", content=request.input_text))
@@ -157,4 +169,20 @@ def _tool_choice(value: struct_pb2.Value) -> struct_pb2.Value:
         return value
     out = struct_pb2.Value()
     out.struct_value.update({"type": "function", "function": {"name": given.get("name", "")}})
+    return out
+
+
+def output_message(response: responses_pb2.Response) -> openai_pb2.ChatMessage:
+    """A response's output as the assistant turn a continuation shows the template."""
+    out = openai_pb2.ChatMessage(role="assistant")
+    for item in response.output:
+        if item.type == "message":
+            out.content = out.content + "".join(part.text for part in item.content)
+        elif item.type == "reasoning":
+            out.reasoning_content += item.reasoning_text
+        else:
+            fn = openai_pb2.ToolCallFunction(name=item.name, arguments=item.arguments)
+            out.tool_calls.add(
+                id=item.call_id, type="function", function=fn, index=len(out.tool_calls)
+            )
     return out

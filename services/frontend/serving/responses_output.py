@@ -27,6 +27,8 @@ def new_response(
         parallel_tool_calls=(
             request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
         ),
+        store=request.store if request.HasField("store") else True,  # OpenAI's default
+        previous_response_id=request.previous_response_id,
     )
     for name in ("max_output_tokens", "temperature", "top_p"):
         if request.HasField(name):  # type: ignore[arg-type]

@@ -6,7 +6,12 @@ from google.protobuf import json_format, struct_pb2
 from tokenline.v1 import openai_pb2, responses_pb2
 
 from services.frontend.serving.responses_events import ResponseEvents
-from services.frontend.serving.responses_input import chat_request_of, responses_field
+from services.frontend.serving.responses_input import (
+    chat_request_of,
+    input_messages,
+    output_message,
+    responses_field,
+)
 from services.frontend.serving.responses_output import new_response, response_of
 
 
@@ -127,3 +132,17 @@ def test_events_run_in_order_and_deltas_make_the_text() -> None:
     assert done.output[0].content[0].text == "hey"
     assert (done.output[1].name, done.output[1].arguments) == ("f", '{"a": 1}')
     assert done.usage.input_tokens == 2 and done.status == "completed"
+
+
+def test_a_continuation_puts_history_after_instructions_and_output_reads_back() -> None:
+    previous = responses_pb2.Response()
+    previous.output.add(type="message").content.add(text="hello")
+    previous.output.add(type="function_call", call_id="c", name="f", arguments="{}")
+    turn = output_message(previous)
+    assert (turn.role, turn.content) == ("assistant", "hello")
+    assert [(c.id, c.function.name) for c in turn.tool_calls] == [("c", "f")]
+    req = responses_pb2.ResponsesRequest(input_text="next", instructions="sys")
+    history = [openai_pb2.ChatMessage(role="user", content="first"), turn]
+    chat = chat_request_of(req, stream=False, history=history)
+    assert [m.role for m in chat.messages] == ["system", "user", "assistant", "user"]
+    assert [m.content for m in input_messages(req)] == ["next"]
