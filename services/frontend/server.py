@@ -60,9 +60,11 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
         generate: GenerateServing,
         ops: Operations,
         streams: StreamBudget | None = None,
+        *,
+        responses: ResponsesServing | None = None,
     ) -> None:
         self.chat = chat
-        self.responses = ResponsesServing(chat)
+        self.responses = responses if responses is not None else ResponsesServing(chat)
         self.completion = completion
         self.generate = generate
         self.ops = ops

@@ -13,9 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
+import httpx
 import jsonschema
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from tokenline.v1 import frontend_pb2_grpc, responses_pb2
 
 from services.common.errors import field_of
@@ -189,7 +191,17 @@ def test_grpc_refuses_a_bad_field_by_name(frontend: Any) -> None:
     assert field_of(info.value) == "max_output_tokens"  # type: ignore[arg-type]
 
 
-def test_a_stored_response_is_retrieved_and_continued(client: openai.OpenAI, model_id: str) -> None:
+def _stored_count(stack: LocalStack) -> float:
+    text = httpx.get(stack.ports.metrics_url("frontend"), timeout=10).text
+    families = text_string_to_metric_families(text)
+    found = [f for f in families if f.name == "tokenline_frontend_stored_responses"]
+    return float(found[0].samples[0].value)
+
+
+def test_a_stored_response_is_retrieved_and_continued(
+    client: openai.OpenAI, model_id: str, stack: LocalStack
+) -> None:
+    before = _stored_count(stack)
     first = _create(client, model_id, 0, instructions="Be brief.")
     assert first.store is True
     got = client.responses.retrieve(first.id)
@@ -204,6 +216,7 @@ def test_a_stored_response_is_retrieved_and_continued(client: openai.OpenAI, mod
     )
     assert events[-1].response.output_text == second.output_text
     assert client.responses.retrieve(events[-1].response.id).id == events[-1].response.id
+    assert _stored_count(stack) >= min(before + 3, 1024)  # the three, or a full store
 
 
 def test_an_unknown_or_unstored_id_is_a_404_naming_it(client: openai.OpenAI, model_id: str) -> None:
@@ -217,3 +230,13 @@ def test_an_unknown_or_unstored_id_is_a_404_naming_it(client: openai.OpenAI, mod
             _create(client, model_id, 0, previous_response_id="resp_nope", stream=stream)
         body: Any = info.value.body
         assert body["param"] == "previous_response_id" and "resp_nope" in body["message"]
+
+
+def test_a_continuation_reuses_the_previous_turns_kv(client: openai.OpenAI, model_id: str) -> None:
+    """Without instructions the first turn's prompt starts the continuation's, so the
+    prefix cache serves it."""
+    first = _create(client, model_id, 2, input="A long first question about the weather. " * 8)
+    second = _create(client, model_id, 3, input="And then?", previous_response_id=first.id)
+    cached = second.usage.input_tokens_details.cached_tokens
+    assert 0 < cached <= second.usage.input_tokens
+    assert cached >= first.usage.input_tokens // 2
