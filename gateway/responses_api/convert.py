@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 from google.protobuf import json_format, struct_pb2
-from tokenline.v1 import openai_pb2, responses_pb2
+from tokenline.v1 import responses_pb2
 
-from gateway.convert import schema_text
+from gateway.convert import content_into, schema_text
 from gateway.errors import GatewayError
 from gateway.responses_api.schemas import FunctionToolBody, InputItemBody, ResponsesBody
 
@@ -23,13 +23,7 @@ def _item(item: InputItemBody) -> responses_pb2.ResponsesInputItem:
         arguments=item.arguments or "",
         output=item.output or "",
     )
-    if isinstance(item.content, str):
-        out.content = item.content
-    elif item.content is not None:
-        out.parts.SetInParent()
-        out.parts.parts.extend(
-            openai_pb2.ContentPart(type=p.type, text=p.text or "") for p in item.content
-        )
+    content_into(out, item.content)
     return out
 
 

@@ -240,3 +240,26 @@ def test_a_continuation_reuses_the_previous_turns_kv(client: openai.OpenAI, mode
     cached = second.usage.input_tokens_details.cached_tokens
     assert 0 < cached <= second.usage.input_tokens
     assert cached >= first.usage.input_tokens // 2
+
+
+def test_the_sdks_stream_helper_accumulates_the_same_response(
+    client: openai.OpenAI, model_id: str
+) -> None:
+    """``responses.stream`` rebuilds the response from the events by their indexes, so it
+    checks that every delta lands on the item and part it names. It wants
+    ``response.completed``: a schema whose output ends within the budget gives one."""
+    fmt = {"type": "json_schema", "name": "who", "schema": SMALL_SCHEMA}
+    kwargs: dict[str, Any] = {"text": {"format": fmt}, "max_output_tokens": BUDGET}
+    unary = _create(client, model_id, 4, store=False, **kwargs)
+    with client.responses.stream(
+        model=model_id,
+        input="Say something, 4.",
+        temperature=0.8,
+        store=False,
+        extra_body={"seed": 4},
+        **kwargs,
+    ) as stream:
+        final = stream.get_final_response()
+    assert unary.status == final.status == "completed"
+    assert final.output_text == unary.output_text
+    jsonschema.validate(json.loads(final.output_text), SMALL_SCHEMA)

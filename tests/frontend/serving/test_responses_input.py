@@ -146,3 +146,17 @@ def test_a_continuation_puts_history_after_instructions_and_output_reads_back() 
     chat = chat_request_of(req, stream=False, history=history)
     assert [m.role for m in chat.messages] == ["system", "user", "assistant", "user"]
     assert [m.content for m in input_messages(req)] == ["next"]
+
+
+def test_reasoning_then_text_are_two_items_and_a_budget_cut_is_incomplete() -> None:
+    events = ResponseEvents(new_response(responses_pb2.ResponsesRequest(), "abc", 1, "m"))
+    out = events.feed(_chunk(reasoning_content="hmm")) + events.feed(_chunk(content="ok"))
+    finish = openai_pb2.ChatCompletionChunk()
+    finish.choices.add(finish_reason="length")
+    out += events.feed(finish) + events.end()
+    types = [e.type.removeprefix("response.") for e in out]
+    assert types[:3] == ["output_item.added", "reasoning_text.delta", "reasoning_text.done"]
+    assert types[-1] == "incomplete" and out[-1].response.incomplete_reason == "max_output_tokens"
+    reasoning, message = out[-1].response.output
+    assert (reasoning.type, reasoning.reasoning_text) == ("reasoning", "hmm")
+    assert (message.status, message.content[0].text) == ("incomplete", "ok")
