@@ -86,61 +86,59 @@ class ResponseEvents:
 
     def _text(self, kind: str, delta: str) -> list[Event]:
         out: list[Event] = []
-        if self._open is None or self._open.kind != kind:
-            out += self._close() + self._open_text(kind)
-        assert self._open is not None
-        self._open.text += delta
+        opened = self._open
+        if opened is None or opened.kind != kind:
+            out += self._close()
+            opened = self._start(_OpenItem(kind, self._text_item(kind)), out)
+        opened.text += delta
         if delta:
             name = "output_text" if kind == "message" else "reasoning_text"
-            out.append(self._event(f"response.{name}.delta", delta=delta, **self._where()))
+            out.append(self._event(f"response.{name}.delta", delta=delta, **self._where(opened)))
         return out
 
-    def _open_text(self, kind: str) -> list[Event]:
-        make = message_item if kind == "message" else reasoning_item
-        item = make(self.label, "", "in_progress")
-        if kind == "message":
-            del item.content[:]
-        self._open = _OpenItem(kind, item)
-        out = [self._event("response.output_item.added", output_index=self._index(), item=item)]
-        if kind == "message":
+    def _text_item(self, kind: str) -> responses_pb2.ResponseOutputItem:
+        if kind == "reasoning":
+            return reasoning_item(self.label, "", "in_progress")
+        item = message_item(self.label, "", "in_progress")
+        del item.content[:]  # its part comes with content_part.added
+        return item
+
+    def _start(self, opened: _OpenItem, out: list[Event]) -> _OpenItem:
+        """Open ``opened``: its added events go to ``out``."""
+        self._open = opened
+        index = self._index()
+        out.append(self._event("response.output_item.added", output_index=index, item=opened.item))
+        if opened.kind == "message":
             part = responses_pb2.ResponseOutputText(type="output_text", text="")
-            out.append(self._event("response.content_part.added", part=part, **self._where()))
-        return out
+            where = self._where(opened)
+            out.append(self._event("response.content_part.added", part=part, **where))
+        return opened
 
     def _call(self, call: openai_pb2.ToolCall) -> list[Event]:
         out: list[Event] = []
-        is_new = self._open is None or self._open.call_index != call.index
-        if is_new:
+        opened = self._open
+        if opened is None or opened.call_index != call.index:
             out += self._close()
             count = sum(item.type == "function_call" for item in self.response.output)
             item = call_item(self.label, count, call, "in_progress")
             item.arguments = ""
-            self._open = _OpenItem("function_call", item, call_index=call.index)
-            out.append(
-                self._event("response.output_item.added", output_index=self._index(), item=item)
-            )
-        assert self._open is not None
+            opened = self._start(_OpenItem("function_call", item, call_index=call.index), out)
         if call.function.arguments:
-            self._open.text += call.function.arguments
-            out.append(
-                self._event(
-                    "response.function_call_arguments.delta",
-                    delta=call.function.arguments,
-                    **self._where(),
-                )
-            )
+            opened.text += call.function.arguments
+            delta = call.function.arguments
+            where = self._where(opened)
+            out.append(self._event("response.function_call_arguments.delta", delta=delta, **where))
         return out
 
-    def _where(self) -> dict[str, object]:
-        assert self._open is not None
-        return {"output_index": self._index(), "item_id": self._open.item.id}
+    def _where(self, opened: _OpenItem) -> dict[str, object]:
+        return {"output_index": self._index(), "item_id": opened.item.id}
 
     def _close(self) -> list[Event]:
         """Done events for the open item, which joins ``response.output``."""
         opened, self._open = self._open, None
         if opened is None:
             return []
-        where = {"output_index": self._index(), "item_id": opened.item.id}
+        where = self._where(opened)
         item, text, out = opened.item, opened.text, []
         if opened.kind == "message":
             item.status = "incomplete" if self._finish_reason == "length" else "completed"
