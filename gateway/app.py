@@ -16,24 +16,37 @@ from gateway.metrics import GatewayMetrics
 from gateway.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestContextMiddleware
 from gateway.openapi import install_openapi
 from gateway.routes import messages, native, openai, ops, responses_api, sessions
+from services.common.auth.api_keys import KeyRing, create_key_ring
 
 ChannelFactory = Callable[[GatewayConfig], grpc.aio.Channel]
 
 
-def create_app(config: GatewayConfig, channel_factory: ChannelFactory | None = None) -> FastAPI:
+def create_app(
+    config: GatewayConfig,
+    channel_factory: ChannelFactory | None = None,
+    keys: KeyRing | None = None,
+) -> FastAPI:
     """A gateway app; its one gRPC channel opens at startup and closes at shutdown.
 
     `channel_factory` lets a caller supply the channel (tests); the default is a
-    channel to `config.frontend_addr`, TLS when `config.tls` turns it on.
+    channel to `config.frontend_addr`, TLS when `config.tls` turns it on. `keys`
+    defaults to the ones `config` names.
     """
     make_channel = channel_factory or create_channel
     metrics = GatewayMetrics()
+    if keys is None:
+        keys = create_key_ring(config.api_key, config.api_key_file)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
         # grpc.aio channels bind to the running loop, so create it here, not at import.
         channel = make_channel(config)
-        frontend = FrontendClient(channel, config.request_timeout_s, multiplex=config.multiplex)
+        frontend = FrontendClient(
+            channel,
+            config.request_timeout_s,
+            multiplex=config.multiplex,
+            forwards_caller=config.cluster_token.is_enabled,
+        )
         try:
             # Lifespan state: handlers read these as request.state.frontend / .metrics.
             yield {"frontend": frontend, "metrics": metrics, "config": config}
@@ -58,7 +71,7 @@ def create_app(config: GatewayConfig, channel_factory: ChannelFactory | None = N
     # add_middleware wraps: the last added runs first (request context is outermost).
     if config.max_body_bytes:
         app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
-    if config.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+    if keys.is_enabled:
+        app.add_middleware(ApiKeyMiddleware, keys=keys)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     return app

@@ -20,6 +20,8 @@ from tokenline.v1 import frontend_pb2_grpc
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from gateway.multiplex import FrontendMux
+from services.common.auth.caller import current_caller
+from services.common.auth.cluster_token import FORWARDED_CALLER
 from services.common.grpc_server import READINESS_SERVICE
 from services.common.tls import open_channel
 
@@ -38,6 +40,7 @@ def create_channel(config: GatewayConfig) -> grpc.aio.Channel:
             ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
         ],
+        interceptors=config.cluster_token.client_interceptors(),
     )
 
 
@@ -53,26 +56,49 @@ class FrontendClient:
     """Stubs over one channel, plus the per-request call options every RPC uses.
 
     With `mux`, streamed chat and completions go over its one Multiplex call; without,
-    each is its own server-streaming RPC (`--no-multiplex`)."""
+    each is its own server-streaming RPC (`--no-multiplex`).
+
+    Each call carries the HTTP caller (services/common/auth/caller.py) to the frontend. With
+    `forwards_caller` (the channel presents the cluster token) that is the key's name,
+    per call or per multiplexed stream. Without, it is the caller's own key, which
+    only a call of its own can carry: every user's streams cannot share one Multiplex
+    call then, so streams go as their own RPCs whenever there is a caller."""
 
     def __init__(
-        self, channel: grpc.aio.Channel, timeout_s: float | None, *, multiplex: bool = False
+        self,
+        channel: grpc.aio.Channel,
+        timeout_s: float | None,
+        *,
+        multiplex: bool = False,
+        forwards_caller: bool = False,
     ) -> None:
         self.channel = channel
         self.stub = frontend_pb2_grpc.FrontendServiceStub(channel)
         self._health = health_pb2_grpc.HealthStub(channel)
         self._timeout_s = timeout_s
+        self.forwards_caller = forwards_caller
         self.mux = FrontendMux(self.stub, timeout_s) if multiplex else None
 
     def options(self, request_id: str) -> dict[str, Any]:
-        """Deadline and request id for one call (`stub.X(req, **client.options(rid))`)."""
-        return {"timeout": self._timeout_s, "metadata": (("x-request-id", request_id),)}
+        """Deadline, request id and caller for one call (`stub.X(req, **client.options(rid))`)."""
+        metadata = (("x-request-id", request_id), *self._caller_metadata())
+        return {"timeout": self._timeout_s, "metadata": metadata}
+
+    def _caller_metadata(self) -> tuple[tuple[str, str], ...]:
+        key = current_caller()
+        if key is None:
+            return ()
+        if self.forwards_caller:
+            return ((FORWARDED_CALLER, key.name),)
+        return (("authorization", f"Bearer {key.secret.decode()}"),)
 
     def stream_starter(self, kind: str, request: Any, request_id: str) -> Callable[[], StreamCall]:
         """How to start streaming `request` ("chat" or "completion"): a multiplexed
         stream, or the matching `*Stream` RPC."""
-        if self.mux is not None:
-            return partial(self.mux.open, kind, request)
+        key = current_caller()
+        if self.mux is not None and (key is None or self.forwards_caller):
+            caller = key.name if key is not None else ""
+            return partial(self.mux.open, kind, request, caller)
         rpc = self.stub.ChatCompletionStream if kind == "chat" else self.stub.CompletionStream
         return partial(rpc, request, **self.options(request_id))
 

@@ -6,6 +6,12 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from services.common.auth.api_keys import add_api_key_flags
+from services.common.auth.cluster_token import (
+    ClusterToken,
+    add_cluster_token_flag,
+    pop_cluster_token,
+)
 from services.common.envs import env_default, parse_bool
 from services.common.logs import add_logging_args
 from services.common.tls import TlsSettings, add_tls_flags, pop_tls_settings
@@ -21,8 +27,12 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     frontend_addr: str = "127.0.0.1:50051"
-    # None: no auth. Compared in constant time against `Authorization: Bearer <key>`.
+    # Neither: no auth. Keys are compared in constant time against
+    # `Authorization: Bearer <key>` (services/common/auth/api_keys.py).
     api_key: str | None = None
+    api_key_file: str | None = None
+    # What the gateway presents to the frontend, which then trusts the caller it names.
+    cluster_token: ClusterToken = field(default_factory=ClusterToken)
     # 0 disables the limit.
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     # gRPC deadline for each request (a stream's whole life); None: no deadline.
@@ -69,12 +79,7 @@ def create_parser() -> argparse.ArgumentParser:
         default=env_default("TOKENLINE_FRONTEND_ADDR", "127.0.0.1:50051"),
         help="frontend gRPC address host:port",
     )
-    p.add_argument(
-        "--api-key",
-        default=env_default("TOKENLINE_API_KEY", None),
-        help="require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every route but "
-        "/health, /health_generate, /ping, /version, /metrics and the OpenAPI docs (env preferred)",
-    )
+    add_api_key_flags(p)
     p.add_argument(
         "--max-body-bytes",
         type=_non_negative_int,
@@ -104,17 +109,21 @@ def create_parser() -> argparse.ArgumentParser:
     )
     add_logging_args(p, default_level="info")
     add_tls_flags(p)
+    add_cluster_token_flag(p)
     return p
 
 
 def config_from_args(argv: Sequence[str] | None = None) -> GatewayConfig:
     """Parse flags (and env fallbacks) into the frozen config."""
     args = create_parser().parse_args(argv)
+    cluster_token = pop_cluster_token(args)
     return GatewayConfig(
         host=args.host,
         port=args.port,
         frontend_addr=args.frontend_addr,
         api_key=args.api_key or None,
+        api_key_file=args.api_key_file,
+        cluster_token=cluster_token,
         max_body_bytes=args.max_body_bytes,
         request_timeout_s=args.request_timeout or None,
         drain_timeout_s=args.drain_timeout,

@@ -8,6 +8,7 @@ from ``HTTP_STATUS_FOR_GRPC``; no traceback ever leaves the process.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -20,13 +21,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.anthropic_errors import anthropic_error_body, speaks_anthropic
 from gateway.responses import ErrorObject, ErrorResponse
-from services.common.errors import field_of
+from services.common.errors import field_of, retry_after_of
 
 logger = logging.getLogger(__name__)
 
 HTTP_STATUS_FOR_GRPC: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.ALREADY_EXISTS: 409,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
@@ -37,6 +39,7 @@ HTTP_STATUS_FOR_GRPC: dict[grpc.StatusCode, int] = {
 _ERROR_TYPES: dict[int, str] = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
     409: "conflict_error",
@@ -54,13 +57,20 @@ class GatewayError(Exception):
     """A client-visible failure raised by the gateway itself."""
 
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.retry_after_s = retry_after_s  # None: the default for 429 and 503
 
     def body(self, path: str = "") -> dict[str, Any]:
         """The error body for a request to ``path``."""
@@ -93,7 +103,13 @@ def from_rpc_error(exc: grpc.aio.AioRpcError) -> GatewayError:
     if code == grpc.StatusCode.UNAVAILABLE and message.startswith(_CONNECT_FAILURE):
         message = "the frontend service is unreachable"  # not the internal address
     status = HTTP_STATUS_FOR_GRPC.get(code, 500)
-    return GatewayError(status, message, param=field_of(exc), code=code.name.lower())
+    return GatewayError(
+        status,
+        message,
+        param=field_of(exc),
+        code=code.name.lower(),
+        retry_after_s=retry_after_of(exc),
+    )
 
 
 # pydantic names union members in `loc` ("str", "list[int]", "ContentPartBody");
@@ -139,7 +155,11 @@ _RETRYABLE_STATUSES = frozenset({429, 503})
 
 
 def json_error(err: GatewayError, path: str = "") -> JSONResponse:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if err.status in _RETRYABLE_STATUSES else None
+    headers = None
+    if err.status in _RETRYABLE_STATUSES:
+        # Whole seconds, rounded up (RFC 9110): a client never comes back too early.
+        wait_s = RETRY_AFTER_S if err.retry_after_s is None else math.ceil(err.retry_after_s)
+        headers = {"Retry-After": str(max(wait_s, 1))}
     return JSONResponse(err.body(path), status_code=err.status, headers=headers)
 
 

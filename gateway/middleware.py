@@ -6,7 +6,6 @@ pass through untouched.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import re
 import time
@@ -18,6 +17,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import error_body
 from gateway.metrics import GatewayMetrics
+from services.common.auth.api_keys import KeyRing
+from services.common.auth.caller import set_caller
 
 logger = logging.getLogger(__name__)
 
@@ -98,20 +99,23 @@ def presented_key(headers: Headers) -> str:
 
 
 class ApiKeyMiddleware:
-    """The API key on the API paths (``presented_key``); /health and /metrics stay open."""
+    """The API key on the API paths (``presented_key``); /health and /metrics stay open.
+    The key found is the request's caller (services/common/auth/caller.py), whom the
+    frontend is told about; roles and limits are the frontend's to apply."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, keys: KeyRing) -> None:
         self.app = app
-        self.expected = api_key.encode()
+        self.keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and is_protected_path(scope["path"]):
-            given = presented_key(Headers(scope=scope)).encode()
-            if not hmac.compare_digest(given, self.expected):
+            key = self.keys.authenticate(presented_key(Headers(scope=scope)))
+            if key is None:
                 response = _error(401, "invalid or missing API key", "invalid_api_key", scope)
                 response.headers["WWW-Authenticate"] = "Bearer"
                 await response(scope, receive, send)
                 return
+            set_caller(key)
         await self.app(scope, receive, send)
 
 

@@ -110,14 +110,15 @@ class FrontendMux:
         self._outgoing: asyncio.Queue[frontend_pb2.MuxRequest | None] = asyncio.Queue()
         self._reader: asyncio.Task[None] | None = None
 
-    def open(self, kind: str, request: Any) -> MuxStream:
-        """Start streaming ``request`` (``kind``: "chat" or "completion")."""
+    def open(self, kind: str, request: Any, caller: str = "") -> MuxStream:
+        """Start streaming ``request`` (``kind``: "chat" or "completion") for the API key
+        named ``caller`` ("": the call's own)."""
         if self._call is None:
             self._connect()
         stream = MuxStream(self, next(self._ids), self._timeout_s)
         self._streams[stream.stream_id] = stream
         self._outgoing.put_nowait(
-            frontend_pb2.MuxRequest(stream_id=stream.stream_id, **{kind: request})
+            frontend_pb2.MuxRequest(stream_id=stream.stream_id, caller=caller, **{kind: request})
         )
         return stream
 

@@ -91,6 +91,9 @@ class LocalStack:
     gateway_args: list[str] = field(default_factory=list)
     # TLS (and mTLS) on every gRPC hop, given to all four as --tls-* flags; None: plaintext.
     tls: TlsSettings | None = None
+    # The cluster token every service presents and requires (--cluster-token-file);
+    # the stack's own info calls present it too. None: internal RPCs stay open.
+    cluster_token_file: Path | None = None
     log_dir: Path | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -104,7 +107,7 @@ class LocalStack:
     def commands(self) -> dict[str, list[str]]:
         """Each service's command line, in start order."""
         detok, sched = self.addr("detokenizer"), self.addr("scheduler")
-        tls = self.tls.to_args() if self.tls is not None else []
+        tls = self._shared_args()
         gateway = ["--host", self.host, "--port", str(self.ports.gateway)]
         gateway += ["--frontend-addr", self.addr("frontend"), *tls, *self.gateway_args]
         return {
@@ -121,7 +124,7 @@ class LocalStack:
 
     def _service(self, name: str, extra: list[str]) -> list[str]:
         """``python -m services.<name>`` with the flags every gRPC service shares."""
-        tls = self.tls.to_args() if self.tls is not None else []
+        tls = self._shared_args()
         return [
             *(sys.executable, "-m", f"services.{name}", "--model", self.model),
             *("--host", self.host, *tls),
@@ -129,6 +132,19 @@ class LocalStack:
             *("--metrics-port", str(getattr(self.ports, f"{name}_metrics"))),
             *extra,
         ]
+
+    def _shared_args(self) -> list[str]:
+        """TLS and cluster token flags, the same for all four."""
+        args = self.tls.to_args() if self.tls is not None else []
+        if self.cluster_token_file is not None:
+            args += ["--cluster-token-file", str(self.cluster_token_file)]
+        return args
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        """What the stack's own info calls present: the cluster token, if there is one."""
+        if self.cluster_token_file is None:
+            return ()
+        return (("authorization", f"Bearer {self.cluster_token_file.read_text().strip()}"),)
 
     def start(self, timeout: float = 120.0, only: tuple[str, ...] = ()) -> None:
         """Start the four (or ``only`` those named: a second stack can add replicas that
@@ -172,17 +188,20 @@ class LocalStack:
     def frontend_info(self) -> frontend_pb2.FrontendInfo:
         with open_sync_channel(self.addr("frontend"), self.tls) as channel:
             stub = frontend_pb2_grpc.FrontendServiceStub(channel)
-            return stub.GetInfo(frontend_pb2.FrontendInfoRequest(), timeout=5)
+            request = frontend_pb2.FrontendInfoRequest()
+            return stub.GetInfo(request, timeout=5, metadata=self._metadata())
 
     def scheduler_info(self) -> scheduler_pb2.SchedulerInfo:
         with open_sync_channel(self.addr("scheduler"), self.tls) as channel:
             stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
-            return stub.GetInfo(scheduler_pb2.ServerInfoRequest(), timeout=5)
+            request = scheduler_pb2.ServerInfoRequest()
+            return stub.GetInfo(request, timeout=5, metadata=self._metadata())
 
     def detokenizer_info(self) -> detokenizer_pb2.DetokenizerInfo:
         with open_sync_channel(self.addr("detokenizer"), self.tls) as channel:
             stub = detokenizer_pb2_grpc.DetokenizerServiceStub(channel)
-            return stub.GetInfo(detokenizer_pb2.DetokenizerInfoRequest(), timeout=5)
+            request = detokenizer_pb2.DetokenizerInfoRequest()
+            return stub.GetInfo(request, timeout=5, metadata=self._metadata())
 
     def live_state(self) -> dict[str, int]:
         """What each gRPC service still holds for requests; all zero when none is in

@@ -15,10 +15,11 @@ import functools
 import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -29,15 +30,28 @@ logger = logging.getLogger(__name__)
 SCHEDULER_STREAM_ENDED = "scheduler stream ended"
 
 
+# A status travels in trailers, which clients cap (8 KiB by default): a message that
+# quotes a huge client value must not outgrow them and turn into RESOURCE_EXHAUSTED.
+MAX_MESSAGE_CHARS = 1024
+
+
+def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text``, cut to ``limit`` characters with a note of how many were left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 class TokenlineError(Exception):
     """Base class: a client-visible error with a gRPC status code."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
+        message = bounded(message)
         super().__init__(message)
         self.message = message
-        self.field = field
+        self.field = bounded(field, 256) if field else field
 
     def details(self) -> str:
         return f"{self.field}: {self.message}" if self.field else self.message
@@ -77,16 +91,30 @@ def _rich_status(exc: grpc.aio.AioRpcError) -> status_pb2.Status | None:
     return None
 
 
-def field_of(exc: grpc.aio.AioRpcError) -> str | None:
-    """The field a failed call's rich status names (its first BadRequest violation)."""
+M = TypeVar("M", bound=Message)
+
+
+def _detail(exc: grpc.aio.AioRpcError, kind: type[M]) -> M | None:
+    """The first detail of type ``kind`` in a failed call's rich status, if any."""
     rich = _rich_status(exc)
     for detail in rich.details if rich is not None else ():
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            if bad.field_violations:
-                return bad.field_violations[0].field
+        if detail.Is(kind.DESCRIPTOR):
+            out = kind()
+            detail.Unpack(out)
+            return out
     return None
+
+
+def retry_after_of(exc: grpc.aio.AioRpcError) -> float | None:
+    """Seconds a failed call's ``google.rpc.RetryInfo`` asks the caller to wait, if any."""
+    info = _detail(exc, error_details_pb2.RetryInfo)
+    return info.retry_delay.ToNanoseconds() / 1e9 if info is not None else None
+
+
+def field_of(exc: grpc.aio.AioRpcError) -> str | None:
+    """The field a failed call's rich status names (its first BadRequest violation)."""
+    bad = _detail(exc, error_details_pb2.BadRequest)
+    return bad.field_violations[0].field if bad is not None and bad.field_violations else None
 
 
 class InvalidArgumentError(TokenlineError):
@@ -103,6 +131,32 @@ class NotFoundError(TokenlineError):
 
 class ResourceExhaustedError(TokenlineError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class RateLimitedError(ResourceExhaustedError):
+    """Over a per-key limit; the status carries a ``google.rpc.RetryInfo`` saying when
+    to come back (the gateway's ``Retry-After``)."""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def rich_status(self) -> status_pb2.Status:
+        rich = super().rich_status()
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(int(self.retry_after_s * 1e9))
+        detail = any_pb2.Any()
+        detail.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+        rich.details.append(detail)
+        return rich
+
+
+class UnauthenticatedError(TokenlineError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDeniedError(TokenlineError):
+    code = grpc.StatusCode.PERMISSION_DENIED
 
 
 class UnavailableError(TokenlineError):

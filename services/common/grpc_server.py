@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from services.common.grpc_decoding import RequestDecodingInterceptor
 from services.common.grpc_metrics import RpcMetrics, RpcMetricsInterceptor
 from services.common.tls import TlsSettings, add_port
 
@@ -48,7 +49,8 @@ class GrpcProcess:
     Readiness (``READINESS_SERVICE`` and each registered service name) stays
     NOT_SERVING until ``set_ready(True)``; on SIGTERM every name flips to
     NOT_SERVING, new RPCs are refused and in-flight ones get ``drain_timeout``.
-    The port serves TLS when ``tls`` turns it on (services/common/tls.py).
+    The port serves TLS when ``tls`` turns it on (services/common/tls.py); ``interceptors``
+    (authentication, services/common/auth/cluster_token.py) see every call after the metrics'.
     """
 
     def __init__(
@@ -61,10 +63,16 @@ class GrpcProcess:
         max_concurrent_rpcs: int | None = None,
         rpc_metrics: RpcMetrics | None = None,
         tls: TlsSettings | None = None,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     ) -> None:
         self.rpc_metrics = rpc_metrics if rpc_metrics is not None else default_rpc_metrics()
         self.server = grpc.aio.server(
-            interceptors=[RpcMetricsInterceptor(self.rpc_metrics)],
+            # Metrics first, so a call an auth interceptor refuses is still counted.
+            interceptors=[
+                RpcMetricsInterceptor(self.rpc_metrics),
+                RequestDecodingInterceptor(),
+                *interceptors,
+            ],
             maximum_concurrent_rpcs=max_concurrent_rpcs,
             options=[
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),

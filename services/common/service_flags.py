@@ -1,6 +1,6 @@
 """What every gRPC service's command line shares, defined once: the model, the bind
-address, the metrics port, the drain timeout, logging and TLS; and how a service's
-``main`` runs."""
+address, the metrics port, the drain timeout, logging, TLS and the cluster token; and
+how a service's ``main`` runs."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
+from services.common.auth.cluster_token import add_cluster_token_flag, pop_cluster_token
 from services.common.envs import env_default
 from services.common.logs import add_logging_args, setup_logging
 from services.common.tls import TlsSettings, add_tls_flags, pop_tls_settings
@@ -47,16 +48,19 @@ def service_parser(
     )
     add_logging_args(p)
     add_tls_flags(p)
+    add_cluster_token_flag(p)
     return p
 
 
 def parse_service_args(
     p: argparse.ArgumentParser, argv: list[str] | None
 ) -> tuple[dict[str, Any], TlsSettings]:
-    """The parsed flags as keyword arguments for the service's config, and its TLS."""
+    """The parsed flags as keyword arguments for the service's config (the cluster token
+    as ``cluster_token``), and its TLS."""
     args = p.parse_args(argv)
     tls = pop_tls_settings(args)
-    return vars(args), tls
+    token = pop_cluster_token(args)
+    return {**vars(args), "cluster_token": token}, tls
 
 
 class _LoggedConfig(Protocol):

@@ -173,13 +173,19 @@ def _secure_options(settings: TlsSettings, options: ChannelOptions) -> list[tupl
 
 
 def open_channel(
-    addr: str, settings: TlsSettings | None, options: ChannelOptions = ()
+    addr: str,
+    settings: TlsSettings | None,
+    options: ChannelOptions = (),
+    interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
 ) -> grpc.aio.Channel:
-    """A grpc.aio channel to ``addr``: TLS when ``settings`` turn it on, else plaintext."""
+    """A grpc.aio channel to ``addr``: TLS when ``settings`` turn it on, else plaintext;
+    ``interceptors`` see every call (the cluster token's, services/common/auth/cluster_token.py)."""
+    chain = list(interceptors) or None
     if settings is None or not settings.is_enabled:
-        return grpc.aio.insecure_channel(addr, options=list(options))
+        return grpc.aio.insecure_channel(addr, options=list(options), interceptors=chain)
     creds = channel_credentials(settings)
-    return grpc.aio.secure_channel(addr, creds, options=_secure_options(settings, options))
+    secure = _secure_options(settings, options)
+    return grpc.aio.secure_channel(addr, creds, options=secure, interceptors=chain)
 
 
 def open_sync_channel(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from tokenline.v1 import detokenizer_pb2, detokenizer_pb2_grpc
 
+from services.common.auth.cluster_token import ClusterToken
 from services.common.grpc_server import GrpcProcess, wait_until
 from services.common.service_flags import parse_service_args, run_service, service_parser
 from services.common.tls import TlsSettings
@@ -29,6 +30,7 @@ class DetokenizerConfig:
     drain_timeout: float
     log_level: str
     log_json: bool
+    cluster_token: ClusterToken
     tls: TlsSettings
 
 
@@ -60,6 +62,7 @@ async def serve(config: DetokenizerConfig) -> None:
         service_names=[SERVICE_NAME],
         metrics_port=config.metrics_port,
         tls=config.tls,
+        interceptors=config.cluster_token.server_interceptors(),
     )
     metrics = DetokenizerMetrics()
     servicer = DetokenizerServicer(

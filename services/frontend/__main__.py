@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import signal
 import socket
 import uuid
 from collections.abc import Callable, Mapping
@@ -16,12 +17,15 @@ from pathlib import Path
 from tokenline.v1 import detokenizer_pb2, frontend_pb2, frontend_pb2_grpc
 from transformers import PreTrainedTokenizerBase
 
+from services.common.auth.api_keys import add_api_key_flags, create_key_ring
+from services.common.auth.cluster_token import ClusterToken
 from services.common.deadlines import ENGINE_ANSWER_RPC_TIMEOUT_S
 from services.common.envs import env_default
 from services.common.grpc_server import GrpcProcess
 from services.common.service_flags import parse_service_args, run_service, service_parser
 from services.common.tls import TlsSettings
 from services.common.tokenizer import load_tokenizer
+from services.frontend.auth import ApiKeyInterceptor, Authenticator
 from services.frontend.chat.template import ChatTokenization, create_chat_template
 from services.frontend.dispatch.batch_tokenizer import DynamicBatchTokenizer
 from services.frontend.dispatch.tokenizer_manager import TokenizerManager
@@ -77,6 +81,9 @@ class FrontendConfig:
     response_store_ttl: float
     log_level: str
     log_json: bool
+    api_key: str | None
+    api_key_file: str | None
+    cluster_token: ClusterToken
     tls: TlsSettings
 
 
@@ -104,6 +111,7 @@ def create_parser() -> argparse.ArgumentParser:
     _add_routing_flags(p)
     _add_request_flags(p)
     _add_output_flags(p)
+    add_api_key_flags(p)
     return p
 
 
@@ -278,8 +286,8 @@ def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> 
     limits, generation = _model_limits(config, tokenizer)
     frontend_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
-    def on_finished(row: detokenizer_pb2.StrRow, label: str) -> None:
-        metrics.observe_finished(row)
+    def on_finished(row: detokenizer_pb2.StrRow, label: str, owner: str) -> None:
+        metrics.observe_finished(row, owner)
         log_finished(row, label)
 
     manager = TokenizerManager(
@@ -288,6 +296,7 @@ def create_serving_context(config: FrontendConfig, metrics: FrontendMetrics) -> 
         config.detokenizer_addr,
         on_finished=on_finished,
         tls=config.tls,
+        cluster_token=config.cluster_token,
         add_calls_in_flight=config.add_calls_in_flight,
         add_timeout_s=config.add_requests_timeout,
     )
@@ -340,6 +349,8 @@ async def serve(config: FrontendConfig) -> None:
     frontend_id = manager.frontend_id
     ops = Operations(ctx, model_path=config.model, metrics_port=config.metrics_port)
     streams = StreamBudget(config.max_concurrent_rpcs, metrics)
+    keys = create_key_ring(config.api_key, config.api_key_file)
+    auth = Authenticator(keys, config.cluster_token)
     chat = ChatServing(ctx)
     store = ResponseStore(config.response_store_size, config.response_store_ttl)
     metrics.track_response_store(store)
@@ -349,6 +360,7 @@ async def serve(config: FrontendConfig) -> None:
         GenerateServing(ctx),
         ops,
         streams,
+        auth,
         responses=ResponsesServing(chat, store),
     )
     process = GrpcProcess(
@@ -358,7 +370,9 @@ async def serve(config: FrontendConfig) -> None:
         metrics_port=config.metrics_port,
         max_concurrent_rpcs=config.max_concurrent_rpcs,
         tls=config.tls,
+        interceptors=[ApiKeyInterceptor(auth)],
     )
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, keys.reload)
     frontend_pb2_grpc.add_FrontendServiceServicer_to_server(servicer, process.server)
     await process.start()
     manager.start()

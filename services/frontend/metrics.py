@@ -70,6 +70,20 @@ class FrontendMetrics:
             "stored responses dropped since start, for room or age (--response-store-ttl)",
             registry=registry,
         )
+        # Labelled with a key's name from the key file, never its secret; nothing while
+        # keys are off.
+        self.key_choices = Counter(
+            "tokenline_frontend_key_choices",
+            "choices finished, by the name of the API key they were made with",
+            ["key"],
+            registry=registry,
+        )
+        self.key_tokens = Counter(
+            "tokenline_frontend_key_tokens",
+            "prompt and completion tokens of finished choices, by API key name",
+            ["key", "kind"],
+            registry=registry,
+        )
         self.mux_batch_frames = Histogram(
             "tokenline_frontend_mux_batch_frames",
             "frames per MuxBatch sent: how many streams' messages one gRPC message carried",
@@ -77,11 +91,16 @@ class FrontendMetrics:
             registry=registry,
         )
 
-    def observe_finished(self, row: detokenizer_pb2.StrRow) -> None:
-        """One choice's final row: its finish reason and its stage times."""
+    def observe_finished(self, row: detokenizer_pb2.StrRow, key: str = "") -> None:
+        """One choice's final row: its finish reason, its stage times and, made with the
+        API key named ``key``, that key's usage."""
         self.finished.labels(finish_name(row.finish_reason)).inc()
         for stage, seconds in stage_durations(row.times).items():
             self.stage_seconds.labels(stage).observe(seconds)
+        if key:
+            self.key_choices.labels(key).inc()
+            self.key_tokens.labels(key, "prompt").inc(row.usage.prompt_tokens)
+            self.key_tokens.labels(key, "completion").inc(row.usage.completion_tokens)
 
     def observe_batch(self, size: int, seconds: float) -> None:
         self.tokenizer_batch_size.observe(size)

@@ -12,7 +12,9 @@ from typing import Any, TypeVar
 import grpc
 from tokenline.v1 import frontend_pb2, frontend_pb2_grpc, openai_pb2, session_pb2
 
+from services.common.auth.caller import set_caller
 from services.common.errors import InvalidArgumentError, grpc_errors
+from services.frontend.auth import Authenticator
 from services.frontend.multiplex import StreamBudget, serve_multiplexed
 from services.frontend.serving.chat import ChatServing
 from services.frontend.serving.completion import CompletionServing
@@ -60,6 +62,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
         generate: GenerateServing,
         ops: Operations,
         streams: StreamBudget | None = None,
+        auth: Authenticator | None = None,
         *,
         responses: ResponsesServing | None = None,
     ) -> None:
@@ -71,6 +74,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
         self.ctx = chat.ctx
         self.started = int(time.time())
         self.streams = streams if streams is not None else StreamBudget(None)
+        self.auth = auth
 
     @grpc_errors
     async def ChatCompletion(self, request, context):  # noqa: N802 - gRPC method names
@@ -109,7 +113,10 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
             yield batch
 
     def _open_stream(self, request: frontend_pb2.MuxRequest) -> AsyncGenerator[Any, None]:
-        """A multiplexed stream's messages: what its per-request RPC would stream."""
+        """A multiplexed stream's messages: what its per-request RPC would stream, made
+        for the caller the request names (runs in the stream's own task)."""
+        if request.caller and self.auth is not None and self.auth.is_enabled:
+            set_caller(self.auth.stream_caller(request.caller))
         if request.WhichOneof("kind") == "chat":
             return self.chat.stream(request.chat)
         return self.completion.stream(request.completion)

@@ -179,6 +179,7 @@ async def serve(config: SchedulerProcessConfig) -> None:
         service_names=[SERVICE_NAME],
         metrics_port=config.metrics_port,
         tls=config.tls,
+        interceptors=config.cluster_token.server_interceptors(),
     )
     model_name = Path(config.model).resolve().name
     servicer = SchedulerServicer(
@@ -195,6 +196,7 @@ async def serve(config: SchedulerProcessConfig) -> None:
         config.detokenizer_addr,
         on_stream_lost=lambda reason: engine.abort_started(reason),
         tls=config.tls,
+        cluster_token=config.cluster_token,
     )
     pusher.start()
     loop = asyncio.get_running_loop()

@@ -92,3 +92,13 @@ async def test_a_service_passing_an_upstream_failure_on_keeps_its_field(
     err = await call(middle_addr)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (err.details(), field_of(err)) == ("prompt: too long", "prompt")
+
+
+def test_a_message_quoting_a_huge_value_stays_within_a_trailer() -> None:
+    """Clients cap trailers at 8 KiB: an echoed 300k-character value would turn the
+    error into RESOURCE_EXHAUSTED on the client's side."""
+    error = InvalidArgumentError(f"the model `{'x' * 300_000}` does not exist", field="model")
+    status = error.rich_status()
+    assert len(status.SerializeToString()) < 4096
+    assert status.message.startswith("model: the model `xxx")
+    assert status.message.endswith("more characters)")

@@ -93,6 +93,7 @@ def test_kustomization_validates_strictly(kustomization: str, tmp_path: Path) ->
         "ConfigMap",
         "PodDisruptionBudget",
         "HorizontalPodAutoscaler",
+        "NetworkPolicy",
     } <= kinds
 
 

@@ -116,3 +116,16 @@ def test_one_log_line_per_finished_request(
             assert key in line
         for stage, ms in expected["stages_ms"].items():
             assert f"{stage}_ms={ms}" in line
+
+
+def test_usage_is_counted_by_key_name_and_not_without_keys() -> None:
+    registry = CollectorRegistry()
+    metrics = FrontendMetrics(registry)
+    row = final_row()
+    row.usage.prompt_tokens, row.usage.completion_tokens = 7, 3
+    metrics.observe_finished(row, "alice")
+    metrics.observe_finished(row)  # keys off: no per-key series
+    assert sample(registry, "tokenline_frontend_key_choices_total", key="alice") == 1
+    prompt = sample(registry, "tokenline_frontend_key_tokens_total", key="alice", kind="prompt")
+    assert prompt == 7
+    assert sample(registry, "tokenline_frontend_key_choices_total", key="") is None

@@ -114,6 +114,24 @@ def test_native_api_goes_to_the_frontend_and_openai_to_the_gateway(
         assert _route_for(hcm, path) == "gateway"
 
 
+def test_authorization_reaches_the_frontend_unchanged(
+    hcm: hcm_pb2.HttpConnectionManager, transcoder: transcoder_pb2.GrpcJsonTranscoder
+) -> None:
+    """Both doors apply one rule: a transcoded call's `Authorization` header arrives as
+    the gRPC `authorization` metadata the frontend's interceptor checks. Envoy forwards
+    request headers unless told otherwise, so nothing here may remove or consume it."""
+    config = hcm.route_config
+    vhost = config.virtual_hosts[0]
+    removed = [*config.request_headers_to_remove, *vhost.request_headers_to_remove]
+    for route in vhost.routes:
+        removed += route.request_headers_to_remove
+    assert "authorization" not in [h.lower() for h in removed]
+    assert not hcm.strip_matching_host_port and not config.internal_only_headers
+    # No auth filter in Envoy itself: the frontend is the one place keys are checked.
+    assert [f.name for f in hcm.http_filters] == [TRANSCODER, "envoy.filters.http.router"]
+    assert not transcoder.HasField("request_validation_options")
+
+
 def test_streaming_routes_have_no_timeout(hcm: hcm_pb2.HttpConnectionManager) -> None:
     for route in hcm.route_config.virtual_hosts[0].routes:
         if route.match.prefix:

@@ -89,6 +89,7 @@ class ReqState:
     index: int
     sink: ChoiceNews
     label: str = ""  # the client's id for this choice, for logs
+    owner: str = ""  # the name of the API key it was made with ("" without keys)
     times: common_pb2.StageTimes = field(default_factory=common_pb2.StageTimes)
     stage: ReqStage = ReqStage.CREATED
     scheduler: str = ""

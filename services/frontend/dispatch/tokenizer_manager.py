@@ -29,11 +29,15 @@ from tokenline.v1 import (
     session_pb2,
 )
 
+from services.common.auth.api_keys import ApiKey
+from services.common.auth.caller import current_caller
+from services.common.auth.cluster_token import ClusterToken
 from services.common.deadlines import ENGINE_ANSWER_RPC_TIMEOUT_S
 from services.common.errors import SCHEDULER_STREAM_ENDED, UnavailableError
 from services.common.sampling_params import SamplingParams
 from services.common.tls import TlsSettings, open_channel
 from services.frontend.dispatch.add_request_batcher import AddRequestBatcher, may_have_reached
+from services.frontend.dispatch.key_limits import KeyLimiter
 from services.frontend.dispatch.request_state import ChoiceNews, ReqStage, ReqState, ReqStateTable
 from services.frontend.dispatch.router import SchedulerRouter
 from services.frontend.dispatch.sessions import SessionRoutes
@@ -69,16 +73,23 @@ class TokenizerManager:
         frontend_id: str,
         scheduler_addrs: list[str],
         detokenizer_addr: str,
-        on_finished: Callable[[detokenizer_pb2.StrRow, str], None] | None = None,
+        # Each choice's final row, with its label and the name of the key it was made with.
+        on_finished: Callable[[detokenizer_pb2.StrRow, str, str], None] | None = None,
         tls: TlsSettings | None = None,
         add_calls_in_flight: int = 1,
         add_timeout_s: float = ENGINE_ANSWER_RPC_TIMEOUT_S,
+        cluster_token: ClusterToken | None = None,
     ) -> None:
         self.frontend_id = frontend_id
         self.table = ReqStateTable()
+        self.limiter = KeyLimiter()
         self.num_aborts_sent = 0
         self._on_finished = on_finished
-        self._channels = {addr: open_channel(addr, tls) for addr in scheduler_addrs}
+        token = cluster_token if cluster_token is not None else ClusterToken()
+        interceptors = token.client_interceptors()
+        self._channels = {
+            addr: open_channel(addr, tls, interceptors=interceptors) for addr in scheduler_addrs
+        }
         self._stubs = {
             addr: scheduler_pb2_grpc.SchedulerServiceStub(ch) for addr, ch in self._channels.items()
         }
@@ -90,7 +101,7 @@ class TokenizerManager:
         self.sessions = SessionRoutes(self._stubs, self.router.pick, frontend_id)
         self._rid_counter = itertools.count()
         self.detokenizer_addr = detokenizer_addr
-        self._detok_channel = open_channel(detokenizer_addr, tls)
+        self._detok_channel = open_channel(detokenizer_addr, tls, interceptors=interceptors)
         self._subscription: asyncio.Task | None = None
         self._cleanups: set[asyncio.Task] = set()
         self.subscribed = asyncio.Event()
@@ -178,19 +189,28 @@ class TokenizerManager:
         scheduler or detokenizer aborted ends with an ``abort`` finish row carrying the
         reason; the stream raises UnavailableError when a service it needs was lost.
         Leaving the context early (client cancel) aborts the choices still running.
+        The caller's key (services/common/auth/caller.py) owns the choices and is charged
+        for them; over its limits, RESOURCE_EXHAUSTED comes before anything is made.
         """
         if not self.subscribed.is_set():
             raise UnavailableError("frontend is not connected to the detokenizer yet")
-        sink = ChoiceNews(asyncio.get_running_loop())
-        times = requests[0].times or common_pb2.StageTimes()
-        states = self.table.create_all([r.rid for r in requests], sink, times)
+        key = current_caller()
+        self.limiter.admit(key)
+        try:
+            sink = ChoiceNews(asyncio.get_running_loop())
+            times = requests[0].times or common_pb2.StageTimes()
+            states = self.table.create_all([r.rid for r in requests], sink, times)
+        except BaseException:
+            self.limiter.release(key)
+            raise
         for state, req in zip(states, requests, strict=True):
-            state.label = req.label
+            state.label, state.owner = req.label, key.name if key is not None else ""
         try:
             for state, req in zip(states, requests, strict=True):
                 await self._dispatch(state, req)
-            yield self._rows(states, sink)
+            yield self._rows(states, sink, key)
         finally:
+            self.limiter.release(key)
             self._release(states)
 
     async def generate(
@@ -202,7 +222,7 @@ class TokenizerManager:
                 yield item
 
     async def _rows(
-        self, states: list[ReqState], sink: ChoiceNews
+        self, states: list[ReqState], sink: ChoiceNews, key: ApiKey | None
     ) -> AsyncIterator[tuple[int, detokenizer_pb2.StrRow]]:
         """(index, row) until every choice has finished."""
         remaining = len(states)
@@ -214,12 +234,14 @@ class TokenizerManager:
                     raise UnavailableError(state.error)
                 if row.HasField("finish_reason"):
                     remaining -= 1
-                    self._finished(row, state.label)
+                    usage = row.usage
+                    self.limiter.charge(key, usage.prompt_tokens + usage.completion_tokens)
+                    self._finished(row, state)
                 yield index, row
 
-    def _finished(self, row: detokenizer_pb2.StrRow, label: str) -> None:
+    def _finished(self, row: detokenizer_pb2.StrRow, state: ReqState) -> None:
         if self._on_finished is not None:
-            self._on_finished(row, label)
+            self._on_finished(row, state.label, state.owner)
         fr = row.finish_reason
         if fr.kind == common_pb2.FinishReason.KIND_ABORT and fr.message == SCHEDULER_STREAM_ENDED:
             # A lost scheduler is a service failure the client may retry elsewhere.

@@ -16,6 +16,7 @@ from typing import TypeVar
 import grpc
 from tokenline.v1 import common_pb2, frontend_pb2, scheduler_pb2
 
+from services.common.auth.caller import may_touch, require_admin
 from services.common.deadlines import ENGINE_ANSWER_RPC_TIMEOUT_S
 from services.common.errors import InvalidArgumentError, UnavailableError
 from services.common.version import package_version
@@ -129,10 +130,14 @@ class Operations:
 
     async def abort(self, request: frontend_pb2.AbortRequest) -> frontend_pb2.AbortResponse:
         """Abort the live requests ``rid`` names (a client id or a frontend-made rid), or
-        all of this frontend's with ``abort_all``; none found is not an error (SGLang)."""
+        all of this frontend's with ``abort_all``; none found is not an error (SGLang).
+        ``abort_all`` needs an admin key; a user's abort reaches only their own requests."""
         if not request.abort_all and not request.rid:
             raise InvalidArgumentError("give a rid, or abort_all: true", field="rid")
-        states = [s for s in self.manager.table.live() if self._selects(request, s)]
+        if request.abort_all:
+            require_admin("abort_all")
+        live = self.manager.table.live()
+        states = [s for s in live if may_touch(s.owner) and self._selects(request, s)]
         reason = "aborted by /abort_request"
         num_aborted = await self.manager.abort_live(states, reason)
         logger.info("abort_request: %d of %d live requests", num_aborted, len(states))

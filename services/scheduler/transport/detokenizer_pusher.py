@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import grpc
 from tokenline.v1 import detokenizer_pb2_grpc, scheduler_pb2
 
+from services.common.auth.cluster_token import ClusterToken
 from services.common.tls import TlsSettings, open_channel
 
 logger = logging.getLogger(__name__)
@@ -42,9 +43,11 @@ class DetokenizerPusher:
         on_stream_lost: Callable[[str], None],
         max_unsent: int = MAX_UNSENT_STEPS,
         tls: TlsSettings | None = None,
+        cluster_token: ClusterToken | None = None,
     ) -> None:
         self.detokenizer_addr = detokenizer_addr
         self.tls = tls
+        self._interceptors = cluster_token.client_interceptors() if cluster_token else []
         self.on_stream_lost = on_stream_lost
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
@@ -112,7 +115,10 @@ class DetokenizerPusher:
             self._attempt += 1
             self._carried_rows = False
             try:
-                async with open_channel(self.detokenizer_addr, self.tls) as channel:
+                channel = open_channel(
+                    self.detokenizer_addr, self.tls, interceptors=self._interceptors
+                )
+                async with channel:
                     stub = detokenizer_pb2_grpc.DetokenizerServiceStub(channel)
                     await stub.PushTokenBatches(self._batches(self._attempt))
                     backoff = 0.05

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from services.common.auth.cluster_token import ClusterToken
 from services.common.tls import TlsSettings
 from services.common.tokenizer import load_tokenizer
 from services.scheduler.core.scheduler import Scheduler, SchedulerConfig
@@ -52,6 +53,7 @@ class SchedulerProcessConfig:
     drain_timeout: float
     log_level: str
     log_json: bool
+    cluster_token: ClusterToken
     tls: TlsSettings
 
 
