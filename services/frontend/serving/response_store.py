@@ -24,6 +24,7 @@ class StoredResponse:
     # instructions) and its output, as chat messages.
     conversation: tuple[openai_pb2.ChatMessage, ...]
     expires_at: float
+    owner: str = ""  # the API key name it was made with ("" without keys)
 
 
 class ResponseStore:
@@ -45,22 +46,29 @@ class ResponseStore:
         return len(self._entries)
 
     def put(
-        self, response: responses_pb2.Response, conversation: list[openai_pb2.ChatMessage]
+        self,
+        response: responses_pb2.Response,
+        conversation: list[openai_pb2.ChatMessage],
+        owner: str = "",
     ) -> None:
         self._expire()
         expires_at = self._clock() + self.ttl_s
-        self._entries[response.id] = StoredResponse(response, tuple(conversation), expires_at)
+        entry = StoredResponse(response, tuple(conversation), expires_at, owner)
+        self._entries[response.id] = entry
         self._entries.move_to_end(response.id)
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
             self.num_evicted += 1
 
-    def get(self, response_id: str, field: str) -> StoredResponse:
+    def get(
+        self, response_id: str, field: str, may_read: Callable[[str], bool] = lambda _: True
+    ) -> StoredResponse:
         """The stored response, or NotFoundError naming the id (``field`` says which
-        request field asked)."""
+        request field asked). One ``may_read`` refuses by its owner is answered the same
+        way, so another key's ids are not even confirmed."""
         self._expire()
         found = self._entries.get(response_id)
-        if found is None:
+        if found is None or not may_read(found.owner):
             raise NotFoundError(
                 f"Response with id '{response_id}' not found (never stored, or expired)",
                 field=field,

@@ -10,6 +10,7 @@ from collections.abc import AsyncGenerator, Iterator
 
 from tokenline.v1 import openai_pb2, responses_pb2
 
+from services.common.auth.caller import caller_name, may_touch
 from services.common.errors import InvalidArgumentError
 from services.frontend.serving.chat import ChatServing
 from services.frontend.serving.response_store import ResponseStore
@@ -42,13 +43,13 @@ class ResponsesServing:
         self.store = store if store is not None else ResponseStore()
 
     def get(self, response_id: str) -> responses_pb2.Response:
-        return self.store.get(response_id, "response_id").response
+        return self.store.get(response_id, "response_id", may_touch).response
 
     def _history(self, request: responses_pb2.ResponsesRequest) -> list[openai_pb2.ChatMessage]:
         """The stored conversation ``previous_response_id`` continues (none without one)."""
         if not request.previous_response_id:
             return []
-        found = self.store.get(request.previous_response_id, "previous_response_id")
+        found = self.store.get(request.previous_response_id, "previous_response_id", may_touch)
         return list(found.conversation)
 
     def _chat_request(
@@ -66,7 +67,8 @@ class ResponsesServing:
     ) -> None:
         """Store a finished response (when it asked to be) for later continuations."""
         if response.store:
-            self.store.put(response, [*conversation, output_message(response)])
+            conversation = [*conversation, output_message(response)]
+            self.store.put(response, conversation, owner=caller_name())
 
     async def create(self, request: responses_pb2.ResponsesRequest) -> responses_pb2.Response:
         chat, conversation = self._chat_request(request, stream=False)

@@ -48,3 +48,12 @@ def test_entries_expire_after_ttl() -> None:
 def test_bad_limits_are_refused() -> None:
     with pytest.raises(ValueError):
         ResponseStore(capacity=0)
+
+
+def test_another_owners_response_reads_as_unknown() -> None:
+    store = ResponseStore(capacity=2, ttl_s=10, clock=_Clock())
+    store.put(responses_pb2.Response(id="r"), [], owner="alice")
+    assert store.get("r", "response_id", lambda owner: owner == "alice").owner == "alice"
+    with pytest.raises(NotFoundError) as info:
+        store.get("r", "response_id", lambda owner: owner == "bob")
+    assert "'r'" in info.value.message
