@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from google.protobuf import message_factory
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tokenline.v1 import common_pb2, frontend_pb2, frontend_pb2_grpc, generate_pb2, openai_pb2
 
@@ -285,6 +286,34 @@ class FakeFrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
             for m in self.script.models
         ]
         return openai_pb2.ModelList(object="list", data=models)
+
+    async def _empty_reply(self, name: str, request: Any, context: Any) -> Any:
+        """The RPC's reply message with no fields set: for the operator and session calls,
+        whose rendering by the gateway is all a test over this fake can check."""
+        await self._enter(name, request, context)
+        method = frontend_pb2.DESCRIPTOR.services_by_name["FrontendService"].methods_by_name[name]
+        return message_factory.GetMessageClass(method.output_type)()
+
+    async def Abort(self, request: Any, context: Any) -> Any:
+        return await self._empty_reply("Abort", request, context)
+
+    async def CloseSession(self, request: Any, context: Any) -> Any:
+        return await self._empty_reply("CloseSession", request, context)
+
+    async def FlushCache(self, request: Any, context: Any) -> Any:
+        return await self._empty_reply("FlushCache", request, context)
+
+    async def GetInfo(self, request: Any, context: Any) -> Any:
+        return await self._empty_reply("GetInfo", request, context)
+
+    async def GetModelInfo(self, request: Any, context: Any) -> Any:
+        return await self._empty_reply("GetModelInfo", request, context)
+
+    async def GetServerInfo(self, request: Any, context: Any) -> Any:
+        return await self._empty_reply("GetServerInfo", request, context)
+
+    async def OpenSession(self, request: Any, context: Any) -> Any:
+        return await self._empty_reply("OpenSession", request, context)
 
 
 class FakeFrontend:
