@@ -166,14 +166,20 @@ def _message(msg: ChatMessageBody) -> openai_pb2.ChatMessage:
         reasoning_content=msg.reasoning_content or "",
         tool_calls=[_tool_call(c, i) for i, c in enumerate(msg.tool_calls or ())],
     )
-    if isinstance(msg.content, str):
-        out.content = msg.content
-    elif msg.content is not None:
+    content_into(out, msg.content)
+    return out
+
+
+def content_into(out: Any, content: str | list[Any] | None) -> None:
+    """``content`` as a string or as text parts (each with ``type`` and ``text``) into a
+    proto with the ``content`` / ``parts`` oneof (a chat message, a Responses input item)."""
+    if isinstance(content, str):
+        out.content = content
+    elif content is not None:
         out.parts.SetInParent()  # an empty list is still "parts", not "no content"
         out.parts.parts.extend(
-            openai_pb2.ContentPart(type=p.type, text=p.text or "") for p in msg.content
+            openai_pb2.ContentPart(type=p.type, text=p.text or "") for p in content
         )
-    return out
 
 
 def _tool(tool: ToolBody, index: int) -> openai_pb2.Tool:

@@ -40,6 +40,8 @@ from services.frontend.serving.chat import ChatServing
 from services.frontend.serving.completion import CompletionServing
 from services.frontend.serving.generate import GenerateServing
 from services.frontend.serving.operations import Operations
+from services.frontend.serving.response_store import DEFAULT_CAPACITY, DEFAULT_TTL_S, ResponseStore
+from services.frontend.serving.responses import ResponsesServing
 from services.frontend.validation.generation_config import (
     GENERATION_CONFIG_AUTO,
     GenerationDefaults,
@@ -75,6 +77,8 @@ class FrontendConfig:
     add_calls_in_flight: int
     add_requests_timeout: float
     drain_timeout: float
+    response_store_size: int
+    response_store_ttl: float
     log_level: str
     log_json: bool
     api_key: str | None
@@ -120,6 +124,8 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
         p.error("--tokenizer-batch-window-ms must be >= 0 and --tokenizer-max-batch-size >= 1")
     if args["add_calls_in_flight"] < 1 or args["add_requests_timeout"] <= 0:
         p.error("--add-calls-in-flight must be >= 1 and --add-requests-timeout > 0")
+    if args["response_store_size"] < 1 or args["response_store_ttl"] <= 0:
+        p.error("--response-store-size must be >= 1 and --response-store-ttl > 0")
     return FrontendConfig(**args, tls=tls)
 
 
@@ -161,6 +167,19 @@ def _add_routing_flags(p: argparse.ArgumentParser) -> None:
         default=ENGINE_ANSWER_RPC_TIMEOUT_S,
         help="seconds an AddRequests call may take; its requests then fail with "
         "DEADLINE_EXCEEDED and are aborted on the scheduler",
+    )
+    p.add_argument(
+        "--response-store-size",
+        type=int,
+        default=DEFAULT_CAPACITY,
+        help="/v1/responses kept for GET and previous_response_id (store: true, the "
+        "default); past it the oldest goes",
+    )
+    p.add_argument(
+        "--response-store-ttl",
+        type=float,
+        default=DEFAULT_TTL_S,
+        help="seconds a stored response is kept",
     )
 
 
@@ -332,8 +351,17 @@ async def serve(config: FrontendConfig) -> None:
     streams = StreamBudget(config.max_concurrent_rpcs, metrics)
     keys = create_key_ring(config.api_key, config.api_key_file)
     auth = Authenticator(keys, config.cluster_token)
+    chat = ChatServing(ctx)
+    store = ResponseStore(config.response_store_size, config.response_store_ttl)
+    metrics.track_response_store(store)
     servicer = FrontendServicer(
-        ChatServing(ctx), CompletionServing(ctx), GenerateServing(ctx), ops, streams, auth
+        chat,
+        CompletionServing(ctx),
+        GenerateServing(ctx),
+        ops,
+        streams,
+        auth,
+        responses=ResponsesServing(chat, store),
     )
     process = GrpcProcess(
         host=config.host,

@@ -14,6 +14,7 @@ from tokenline.v1 import detokenizer_pb2
 
 from services.common.stages import stage_durations
 from services.frontend.serving.output import finish_name
+from services.frontend.serving.response_store import ResponseStore
 
 _SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -59,6 +60,16 @@ class FrontendMetrics:
             ["kind", "grpc_code"],
             registry=registry,
         )
+        self.stored_responses = Gauge(
+            "tokenline_frontend_stored_responses",
+            "/v1/responses kept for GET and previous_response_id (--response-store-size)",
+            registry=registry,
+        )
+        self.stored_responses_dropped = Gauge(
+            "tokenline_frontend_stored_responses_dropped",
+            "stored responses dropped since start, for room or age (--response-store-ttl)",
+            registry=registry,
+        )
         # Labelled with a key's name from the key file, never its secret; nothing while
         # keys are off.
         self.key_choices = Counter(
@@ -99,3 +110,8 @@ class FrontendMetrics:
         """Read gauges from their owners at scrape time."""
         self.live_requests.set_function(live)
         self.aborts_sent.set_function(aborts)
+
+    def track_response_store(self, store: ResponseStore) -> None:
+        """The response store's size and drops, read at scrape time."""
+        self.stored_responses.set_function(lambda: len(store))
+        self.stored_responses_dropped.set_function(lambda: store.num_evicted)

@@ -20,6 +20,7 @@ from services.frontend.serving.chat import ChatServing
 from services.frontend.serving.completion import CompletionServing
 from services.frontend.serving.generate import GenerateServing
 from services.frontend.serving.operations import Operations
+from services.frontend.serving.responses import ResponsesServing
 
 T = TypeVar("T")
 
@@ -62,8 +63,11 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
         ops: Operations,
         streams: StreamBudget | None = None,
         auth: Authenticator | None = None,
+        *,
+        responses: ResponsesServing | None = None,
     ) -> None:
         self.chat = chat
+        self.responses = responses if responses is not None else ResponsesServing(chat)
         self.completion = completion
         self.generate = generate
         self.ops = ops
@@ -89,6 +93,19 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
     async def CompletionStream(self, request, context):  # noqa: N802
         async for chunk in _closing_on_done(context, self.completion.stream(request)):
             yield chunk
+
+    @grpc_errors
+    async def ResponsesCreate(self, request, context):  # noqa: N802
+        return await self.responses.create(request)
+
+    @grpc_errors
+    async def ResponsesCreateStream(self, request, context):  # noqa: N802
+        async for event in _closing_on_done(context, self.responses.stream(request)):
+            yield event
+
+    @grpc_errors
+    async def ResponsesGet(self, request, context):  # noqa: N802
+        return self.responses.get(request.response_id)
 
     @grpc_errors
     async def Multiplex(self, request_iterator, context):  # noqa: N802

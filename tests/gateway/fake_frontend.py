@@ -17,7 +17,14 @@ from typing import Any
 import grpc
 from google.protobuf import message_factory
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from tokenline.v1 import common_pb2, frontend_pb2, frontend_pb2_grpc, generate_pb2, openai_pb2
+from tokenline.v1 import (
+    common_pb2,
+    frontend_pb2,
+    frontend_pb2_grpc,
+    generate_pb2,
+    openai_pb2,
+    responses_pb2,
+)
 
 from services.common.errors import TokenlineError
 from services.common.grpc_server import READINESS_SERVICE
@@ -287,6 +294,19 @@ class FakeFrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
         ]
         return openai_pb2.ModelList(object="list", data=models)
 
+    async def ResponsesCreate(self, request: Any, context: Any) -> Any:
+        await self._enter("ResponsesCreate", request, context)
+        return response_of(request)
+
+    async def ResponsesCreateStream(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        async for item in self._stream(
+            "ResponsesCreateStream", request, context, response_events(request)
+        ):
+            yield item
+
+    async def ResponsesGet(self, request: Any, context: Any) -> Any:
+        return await self._empty_reply("ResponsesGet", request, context)
+
     async def _empty_reply(self, name: str, request: Any, context: Any) -> Any:
         """The RPC's reply message with no fields set: for the operator and session calls,
         whose rendering by the gateway is all a test over this fake can check."""
@@ -314,6 +334,31 @@ class FakeFrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
 
     async def OpenSession(self, request: Any, context: Any) -> Any:
         return await self._empty_reply("OpenSession", request, context)
+
+
+def response_of(request: responses_pb2.ResponsesRequest) -> responses_pb2.Response:
+    """A completed response whose message is PIECES joined."""
+    out = responses_pb2.Response(id="resp_fake", object="response", model=MODEL_ID)
+    out.status = "completed"
+    item = out.output.add(type="message", id="msg_fake", status="completed", role="assistant")
+    item.content.add(type="output_text", text="".join(PIECES))
+    out.usage.input_tokens, out.usage.output_tokens = 5, len(PIECES)
+    return out
+
+
+def response_events(
+    request: responses_pb2.ResponsesRequest,
+) -> list[responses_pb2.ResponseStreamEvent]:
+    """created, one delta per piece, completed (the frontend's events in short)."""
+    event = responses_pb2.ResponseStreamEvent
+    whole = response_of(request)
+    out = [event(type="response.created", response=responses_pb2.Response(id="resp_fake"))]
+    for piece in PIECES:
+        out.append(event(type="response.output_text.delta", item_id="msg_fake", delta=piece))
+    out.append(event(type="response.completed", response=whole))
+    for i, item in enumerate(out):
+        item.sequence_number = i
+    return out
 
 
 class FakeFrontend:

@@ -20,6 +20,9 @@ EXPECTED_RULES: dict[str, tuple[str, str, str]] = {
     "ChatCompletionStream": ("post", "/tokenline.v1/chat/completions:stream", "*"),
     "Completion": ("post", "/tokenline.v1/completions", "*"),
     "CompletionStream": ("post", "/tokenline.v1/completions:stream", "*"),
+    "ResponsesCreate": ("post", "/tokenline.v1/responses", "*"),
+    "ResponsesCreateStream": ("post", "/tokenline.v1/responses:stream", "*"),
+    "ResponsesGet": ("get", "/tokenline.v1/responses/{response_id}", ""),
     "Generate": ("post", "/tokenline.v1/generate", "*"),
     "GenerateStream": ("post", "/tokenline.v1/generate:stream", "*"),
     "Tokenize": ("post", "/tokenline.v1/tokenize", "*"),
@@ -42,7 +45,11 @@ _INT64_TYPES = {
 }
 # Request fields allowed to be 64-bit: JSON clients only write them, and proto3 JSON
 # parsing accepts a number or a string (frontend.proto documents it).
-INT64_INPUTS = {"tokenline.v1.SamplingParams.seed", "tokenline.v1.OpenAISampling.seed"}
+INT64_INPUTS = {
+    "tokenline.v1.SamplingParams.seed",
+    "tokenline.v1.OpenAISampling.seed",
+    "tokenline.v1.ResponsesRequest.seed",
+}
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenline.v1 import frontend_pb2, frontend_pb2_grpc, generate_pb2, openai_pb2
+from tokenline.v1 import frontend_pb2, frontend_pb2_grpc, generate_pb2, openai_pb2, responses_pb2
 
 from services.launch import LocalStack
 
@@ -160,9 +160,11 @@ def _value(raw: Any) -> struct_pb2.Value:
 
 
 def _without_state(request: Message) -> Message:
-    """No sessions: they are shared state, refused as NOT_FOUND when unknown."""
-    if request.DESCRIPTOR.fields_by_name.get("session_params") is not None:
-        request.ClearField("session_params")
+    """No sessions or stored responses: they are shared state, refused as NOT_FOUND when
+    unknown."""
+    for name in ("session_params", "previous_response_id"):
+        if request.DESCRIPTOR.fields_by_name.get(name) is not None:
+            request.ClearField(name)
     return request
 
 
@@ -193,6 +195,8 @@ RPCS: dict[str, Any] = {
     "GenerateStream": generate_pb2.GenerateReqInput,
     "Tokenize": frontend_pb2.TokenizeRequest,
     "Detokenize": frontend_pb2.DetokenizeRequest,
+    "ResponsesCreate": responses_pb2.ResponsesRequest,
+    "ResponsesCreateStream": responses_pb2.ResponsesRequest,
 }
 # 25 examples an RPC: about two minutes for the module on two shared cores.
 _FUZZ = settings(

@@ -1,0 +1,1 @@
+"""OpenAI's Responses API on the frontend's ResponsesCreate RPCs (responses.proto)."""
