@@ -123,7 +123,11 @@ def test_make_run_hands_args_to_the_launcher() -> None:
     """`make run ARGS="..."` ends in the launcher with those flags; without ARGS, with none."""
 
     def run_line(*make_args: str) -> str:
-        dry = subprocess.run(["make", "--no-print-directory", "-n", "run", *make_args], capture_output=True, text=True)
+        dry = subprocess.run(
+            ["make", "--no-print-directory", "-n", "run", *make_args],
+            capture_output=True,
+            text=True,
+        )
         assert dry.returncode == 0, dry.stderr
         return dry.stdout.strip().splitlines()[-1]
 
