@@ -212,7 +212,10 @@ class DecoderModel(nn.Module):
         embed_scale: float | None = None,
     ) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Built from an empty tensor: the default random init (``normal_``) imports torch's
+        # compiler stack on first call, seconds of CPU for weights the checkpoint replaces.
+        empty = torch.empty(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=empty)
         self.layers = nn.ModuleList(layers)
         self.norm = norm
         self.embed_scale = embed_scale

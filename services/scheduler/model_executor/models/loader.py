@@ -16,6 +16,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -27,10 +28,9 @@ from services.scheduler.model_executor.models.dtype import choose_dtype
 from services.scheduler.model_executor.models.linear import prepare_linears
 from services.scheduler.model_executor.models.model_impl import resolve_model_impl
 from services.scheduler.model_executor.models.registry import NATIVE_MODELS, check_native_support
-from services.scheduler.model_executor.models.transformers_model import (
-    TransformersCausalLM,
-    load_transformers_model,
-)
+
+if TYPE_CHECKING:
+    from services.scheduler.model_executor.models.transformers_model import TransformersCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,12 @@ def load_model(
             )
         chosen = choose_dtype(dtype, impl.dtype, device).dtype
         files = checkpoint_files(model_dir)
+        # Imported on use: transformers' modeling stack costs seconds of CPU to import and
+        # a natively served model never touches it.
+        from services.scheduler.model_executor.models.transformers_model import (
+            load_transformers_model,
+        )
+
         return load_transformers_model(model_dir, files, chosen, device, attention_backend)
     config = check_native_support(model_dir)
     backend = create_attention_backend(attention_backend, device, batch_invariant)

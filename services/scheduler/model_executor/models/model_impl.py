@@ -13,12 +13,9 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
-import transformers
-from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from services.scheduler.model_executor.models.dtype import DTYPES
 from services.scheduler.model_executor.models.registry import (
@@ -27,6 +24,9 @@ from services.scheduler.model_executor.models.registry import (
     check_native_support,
     native_model_class,
 )
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 
 ModelImplName = Literal["auto", "native", "transformers"]
 ModelPath = Literal["native", "transformers"]
@@ -92,7 +92,14 @@ def _native_refusal(model_dir: str | Path) -> str | None:
 
 
 def transformers_refusal(model_dir: Path, architectures: list[str]) -> str | None:
-    """Why the transformers path cannot run this checkpoint, or None when it can."""
+    """Why the transformers path cannot run this checkpoint, or None when it can.
+
+    transformers' model registry is imported here, not at module level: it pulls in
+    torch's compiler stack (seconds of CPU), which a natively served model never uses."""
+    import transformers
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
     try:
         hf_config = AutoConfig.from_pretrained(model_dir)  # local files, no remote code
     except (ValueError, KeyError, OSError) as exc:
