@@ -6,7 +6,9 @@ INVALID_ARGUMENT: never UNKNOWN or INTERNAL, and no process dies.
 Requests come from each message's own descriptor, so a field added to the protos is
 fuzzed without a change here. Sessions and the operator's calls are left out: they
 change shared state, not input handling. Token budgets the fuzzer draws within reason
-are cut to a few tokens, so a valid request costs milliseconds, not a whole context.
+are cut to a few tokens, and an absent budget is set to the same few (the server's
+default budget is covered by every other live test), so a valid request costs
+milliseconds, not a default-length generation.
 """
 
 from __future__ import annotations
@@ -53,6 +55,13 @@ HUGE = "x" * 300_000
 # Token counts the fuzzer may draw; within these bounds they are cut to CHEAP.
 _BUDGET_FIELDS = {"max_tokens", "max_completion_tokens", "max_new_tokens", "min_tokens", "n"}
 CHEAP = 3
+# Where each fuzzed request keeps its output budget: (the sampling message, the field).
+_OUTPUT_BUDGETS = {
+    "GenerateReqInput": ("sampling_params", "max_new_tokens"),
+    "ChatCompletionRequest": ("sampling", "max_tokens"),
+    "CompletionRequest": ("sampling", "max_tokens"),
+    "ResponsesRequest": (None, "max_output_tokens"),
+}
 
 
 def _strings() -> st.SearchStrategy[str]:
@@ -161,10 +170,14 @@ def _value(raw: Any) -> struct_pb2.Value:
 
 def _without_state(request: Message) -> Message:
     """No sessions or stored responses: they are shared state, refused as NOT_FOUND when
-    unknown."""
+    unknown. An absent output budget becomes ``CHEAP``."""
     for name in ("session_params", "previous_response_id"):
         if request.DESCRIPTOR.fields_by_name.get(name) is not None:
             request.ClearField(name)
+    holder_name, budget = _OUTPUT_BUDGETS.get(request.DESCRIPTOR.name, (None, ""))
+    holder = getattr(request, holder_name) if holder_name else request
+    if budget and not holder.HasField(budget):
+        setattr(holder, budget, CHEAP)
     return request
 
 
