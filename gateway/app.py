@@ -15,7 +15,7 @@ from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestContextMiddleware
 from gateway.openapi import install_openapi
-from gateway.routes import messages, native, openai, ops, responses_api, sessions
+from gateway.routes import embeddings, messages, native, openai, ops, responses_api, sessions
 from services.common.auth.api_keys import KeyRing, create_key_ring
 
 ChannelFactory = Callable[[GatewayConfig], grpc.aio.Channel]
@@ -63,6 +63,7 @@ def create_app(
     app.include_router(openai.router)
     app.include_router(messages.router)
     app.include_router(responses_api.router)
+    app.include_router(embeddings.router)
     app.include_router(native.router)
     app.include_router(ops.router)
     app.include_router(sessions.router)

@@ -15,7 +15,7 @@ from typing import Any
 
 from google.protobuf import json_format, struct_pb2
 from google.protobuf.message import Message
-from tokenline.v1 import frontend_pb2, generate_pb2, openai_pb2
+from tokenline.v1 import embeddings_pb2, frontend_pb2, generate_pb2, openai_pb2
 
 from gateway.errors import GatewayError
 from gateway.schemas import (
@@ -23,6 +23,7 @@ from gateway.schemas import (
     ChatMessageBody,
     CompletionBody,
     DetokenizeBody,
+    EmbeddingsBody,
     GenerateBody,
     SharedRequestBody,
     TokenizeBody,
@@ -337,4 +338,27 @@ def detokenize_request_to_proto(body: DetokenizeBody) -> frontend_pb2.Detokenize
     out = frontend_pb2.DetokenizeRequest(model=body.model)
     with _field("tokens"):
         out.tokens.extend(body.tokens)
+    return out
+
+
+def embeddings_request_to_proto(
+    body: EmbeddingsBody, request_id: str
+) -> embeddings_pb2.EmbeddingRequest:
+    """Build the frontend's EmbeddingRequest; `input`'s JSON shape picks its oneof."""
+    out = embeddings_pb2.EmbeddingRequest(
+        model=body.model,
+        encoding_format=body.encoding_format or "",
+        user=body.user or "",
+        request_id=request_id,
+    )
+    _set_present(out, body, ("dimensions", "normalize"))
+    value = body.input
+    if isinstance(value, str):
+        out.text = value
+    elif value and all(isinstance(v, int) for v in value):
+        out.token_ids.ids.extend(value)  # type: ignore[arg-type]
+    elif value and all(isinstance(v, list) for v in value):
+        out.token_id_lists.lists.extend(openai_pb2.TokenIds(ids=v) for v in value)  # type: ignore[misc]
+    else:
+        out.texts.texts.extend(value)  # type: ignore[arg-type]
     return out

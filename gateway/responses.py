@@ -282,6 +282,28 @@ class ModelList(JsonBody):
 LogprobTriple = tuple[float | None, int, str | None]
 
 
+class EmbeddingObject(JsonBody):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str = Field(
+        description='floats, or with encoding_format "base64" little-endian float32 bytes in base64'
+    )
+
+
+class EmbeddingUsage(JsonBody):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(JsonBody):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[EmbeddingObject]
+    usage: EmbeddingUsage
+
+
 class GenerateFinishReason(JsonBody):
     """SGLang's finish reason: what matched for a stop (EOS or stop token id, or the stop
     string), the token count for a length stop, the reason for an abort."""

@@ -172,6 +172,23 @@ class CompletionBody(SharedRequestBody):
     )
 
 
+class EmbeddingsBody(_Body):
+    """`POST /v1/embeddings`."""
+
+    model: str = ""
+    input: str | list[str] | list[int] | list[list[int]] = Field(
+        description="text, texts, token ids, or lists of token ids; none may be empty"
+    )
+    encoding_format: str | None = Field(None, description='"float" (default) | "base64"')
+    dimensions: int | None = Field(
+        None, description="refused unless the model's hidden size (no truncation)"
+    )
+    user: str | None = None
+    normalize: bool | None = Field(
+        None, description="vLLM's: false returns the pooled state unnormalised (default true)"
+    )
+
+
 class GenerateSamplingBody(SamplingFieldsBody):
     """`SamplingParams` (proto/tokenline/v1/common.proto) in SGLang's JSON names."""
 

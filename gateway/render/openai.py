@@ -9,13 +9,14 @@ unless asked for, and with `include_usage` every chunk but the last carries
 
 from __future__ import annotations
 
+import base64
 import math
 import time
 from typing import Any
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
-from tokenline.v1 import common_pb2, openai_pb2
+from tokenline.v1 import common_pb2, embeddings_pb2, openai_pb2
 
 from gateway import responses as out
 from services.common.stages import stage_durations_ms
@@ -330,3 +331,31 @@ def model_to_dict(model: openai_pb2.Model) -> dict[str, Any]:
 
 def model_list_to_dict(models: openai_pb2.ModelList) -> dict[str, Any]:
     return out.ModelList(object="list", data=[_model(m) for m in models.data]).dump()
+
+
+def embedding_list_to_dict(response: embeddings_pb2.EmbeddingResponse) -> dict[str, Any]:
+    """OpenAI's embedding list: each vector as floats, or as its little-endian float32
+    bytes in base64 when the request asked for that (the frontend filled the bytes)."""
+    data = [
+        out.EmbeddingObject(
+            object="embedding",
+            index=d.index,
+            embedding=(
+                base64.b64encode(d.embedding_bytes).decode("ascii")
+                if d.embedding_bytes
+                else list(d.embedding)
+            ),
+        )
+        for d in response.data
+    ]
+    usage = out.EmbeddingUsage(
+        prompt_tokens=response.usage.prompt_tokens, total_tokens=response.usage.total_tokens
+    )
+    return out.EmbeddingList(
+        id=response.id,
+        object="list",
+        created=response.created,
+        model=response.model,
+        data=data,
+        usage=usage,
+    ).dump()

@@ -6,7 +6,8 @@ to send. A state is created on a row with ``has_init`` and deleted on the row
 that carries a finish reason, whatever the reason, or when the scheduler
 stream that created it ends. Frontends make rids unique across the cluster, so a
 second ``has_init`` for a live rid is a fault somewhere upstream: it is refused,
-never allowed to replace (or mix its rows into) the live state.
+never allowed to replace (or mix its rows into) the live state. A pooling request's one
+row (its ``embedding``) has no text to decode: it passes through and no state is made.
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ class DetokenizerManager:
         routed: Routed = defaultdict(detokenizer_pb2.BatchStrOutput)
         work: list[_RowWork] = []
         for row in batch.rows:
+            if len(row.embedding):
+                routed[row.reply_to].rows.append(pooled_row(row))
+                continue
             state = self._live_state(row, source, routed)
             if state is not None:
                 work.append(self._prepare(row, state))
@@ -215,6 +219,15 @@ def abort_row(rid: str, message: str) -> detokenizer_pb2.StrRow:
             kind=common_pb2.FinishReason.KIND_ABORT, message=message
         ),
     )
+
+
+def pooled_row(row: scheduler_pb2.TokenIDRow) -> detokenizer_pb2.StrRow:
+    """A pooling request's only row, as it came: its vector, finish, usage and times."""
+    out = detokenizer_pb2.StrRow(rid=row.rid, finish_reason=row.finish_reason, usage=usage_of(row))
+    out.embedding.extend(row.embedding)
+    out.times.CopyFrom(row.times)
+    out.times.detokenized = time.time()
+    return out
 
 
 def usage_of(row: scheduler_pb2.TokenIDRow) -> common_pb2.Usage:

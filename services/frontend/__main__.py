@@ -38,6 +38,7 @@ from services.frontend.server import FrontendServicer
 from services.frontend.serving.base import ServingContext
 from services.frontend.serving.chat import ChatServing
 from services.frontend.serving.completion import CompletionServing
+from services.frontend.serving.embeddings import POOLING_METHODS, EmbeddingServing, PoolingMethod
 from services.frontend.serving.generate import GenerateServing
 from services.frontend.serving.operations import Operations
 from services.frontend.serving.response_store import DEFAULT_CAPACITY, DEFAULT_TTL_S, ResponseStore
@@ -73,6 +74,7 @@ class FrontendConfig:
     chat_template: str  # a Jinja file used instead of the tokenizer's ("" = the tokenizer's)
     tool_call_parser: str
     reasoning_parser: str
+    pooling: PoolingMethod
     max_concurrent_rpcs: int
     add_calls_in_flight: int
     add_requests_timeout: float
@@ -258,6 +260,15 @@ def _add_output_flags(p: argparse.ArgumentParser) -> None:
         default=env_default("TOKENLINE_REASONING_PARSER", "", _choice(REASONING_PARSERS)),
         help="split <think> reasoning off the answer as reasoning_content (default: none)",
     )
+    p.add_argument(
+        "--pooling",
+        choices=list(POOLING_METHODS),
+        default="last",
+        help="how /v1/embeddings pools a prompt's final hidden states (after the final "
+        "norm): the last token's (vLLM's default for decoder models), the mean over every "
+        "token, or the first token's (cls); the vector is L2-normalised unless a request "
+        "says normalize: false",
+    )
 
 
 def _model_limits(
@@ -362,6 +373,7 @@ async def serve(config: FrontendConfig) -> None:
         streams,
         auth,
         responses=ResponsesServing(chat, store),
+        embeddings=EmbeddingServing(ctx, config.pooling),
     )
     process = GrpcProcess(
         host=config.host,

@@ -18,6 +18,7 @@ from services.frontend.auth import Authenticator
 from services.frontend.multiplex import StreamBudget, serve_multiplexed
 from services.frontend.serving.chat import ChatServing
 from services.frontend.serving.completion import CompletionServing
+from services.frontend.serving.embeddings import EmbeddingServing
 from services.frontend.serving.generate import GenerateServing
 from services.frontend.serving.operations import Operations
 from services.frontend.serving.responses import ResponsesServing
@@ -65,9 +66,11 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
         auth: Authenticator | None = None,
         *,
         responses: ResponsesServing | None = None,
+        embeddings: EmbeddingServing | None = None,
     ) -> None:
         self.chat = chat
         self.responses = responses if responses is not None else ResponsesServing(chat)
+        self.embeddings = embeddings if embeddings is not None else EmbeddingServing(chat.ctx)
         self.completion = completion
         self.generate = generate
         self.ops = ops
@@ -106,6 +109,10 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
     @grpc_errors
     async def ResponsesGet(self, request, context):  # noqa: N802
         return self.responses.get(request.response_id)
+
+    @grpc_errors
+    async def Embed(self, request, context):  # noqa: N802
+        return await self.embeddings.embed(request)
 
     @grpc_errors
     async def Multiplex(self, request_iterator, context):  # noqa: N802

@@ -13,6 +13,7 @@ from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.envs import env_default, parse_bool
 from services.common.grpc_server import GrpcProcess, wait_until
 from services.common.service_flags import parse_service_args, run_service, service_parser
+from services.scheduler.core.messages import RUNNERS
 from services.scheduler.core.stats import SchedulerStats
 from services.scheduler.model_executor.models.dtype import AUTO, DTYPES
 from services.scheduler.model_executor.models.model_impl import (
@@ -103,6 +104,14 @@ def create_parser() -> argparse.ArgumentParser:
         help="on CPU, compile the sampler and decode-attention kernels into MODEL/kernels at "
         "start when none fit this machine (needs a C++ compiler; `make kernels` does it "
         "ahead of time; without them those steps run eagerly)",
+    )
+    p.add_argument(
+        "--runner",
+        choices=RUNNERS,
+        default="generate",
+        help="generate: every request kind; pooling: only pooling (embedding) requests, "
+        "so chat and completions are refused (INVALID_ARGUMENT) and nothing decodes "
+        "(vLLM's name)",
     )
     p.add_argument(
         "--disable-prefix-cache",

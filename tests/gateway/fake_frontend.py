@@ -307,6 +307,9 @@ class FakeFrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
     async def ResponsesGet(self, request: Any, context: Any) -> Any:
         return await self._empty_reply("ResponsesGet", request, context)
 
+    async def Embed(self, request: Any, context: Any) -> Any:
+        return await self._empty_reply("Embed", request, context)
+
     async def _empty_reply(self, name: str, request: Any, context: Any) -> Any:
         """The RPC's reply message with no fields set: for the operator and session calls,
         whose rendering by the gateway is all a test over this fake can check."""

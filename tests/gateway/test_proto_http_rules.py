@@ -23,6 +23,7 @@ EXPECTED_RULES: dict[str, tuple[str, str, str]] = {
     "ResponsesCreate": ("post", "/tokenline.v1/responses", "*"),
     "ResponsesCreateStream": ("post", "/tokenline.v1/responses:stream", "*"),
     "ResponsesGet": ("get", "/tokenline.v1/responses/{response_id}", ""),
+    "Embed": ("post", "/tokenline.v1/embeddings", "*"),
     "Generate": ("post", "/tokenline.v1/generate", "*"),
     "GenerateStream": ("post", "/tokenline.v1/generate:stream", "*"),
     "Tokenize": ("post", "/tokenline.v1/tokenize", "*"),

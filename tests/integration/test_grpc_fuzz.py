@@ -23,7 +23,14 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenline.v1 import frontend_pb2, frontend_pb2_grpc, generate_pb2, openai_pb2, responses_pb2
+from tokenline.v1 import (
+    embeddings_pb2,
+    frontend_pb2,
+    frontend_pb2_grpc,
+    generate_pb2,
+    openai_pb2,
+    responses_pb2,
+)
 
 from services.launch import LocalStack
 
@@ -210,6 +217,7 @@ RPCS: dict[str, Any] = {
     "Detokenize": frontend_pb2.DetokenizeRequest,
     "ResponsesCreate": responses_pb2.ResponsesRequest,
     "ResponsesCreateStream": responses_pb2.ResponsesRequest,
+    "Embed": embeddings_pb2.EmbeddingRequest,
 }
 # 25 examples an RPC: about two minutes for the module on two shared cores.
 _FUZZ = settings(

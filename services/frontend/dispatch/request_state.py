@@ -147,6 +147,7 @@ class ReqState:
             row.finish_reason.CopyFrom(self.final.finish_reason)
             row.usage.CopyFrom(self.final.usage)
             row.times.CopyFrom(merged_times(self.times, self.final.times))
+            row.embedding.extend(self.final.embedding)
         return row
 
     def _notify(self) -> None:

@@ -56,6 +56,8 @@ class SchedulerRouter:
         self._dtypes: dict[str, str] = {}  # per replica, from its last beat
         self._model_paths: dict[str, tuple[str, str]] = {}  # (architecture, model_impl)
         self._context_lengths: dict[str, int] = {}  # per replica, as it enforces it
+        self._runners: dict[str, str] = {}  # per replica: generate | pooling (--runner)
+        self._hidden_sizes: dict[str, int] = {}  # per replica: a pooled vector's length
         self._turn = 0
         self._tasks: list[asyncio.Task] = []
 
@@ -112,6 +114,16 @@ class SchedulerRouter:
         while none is leased): the one source of the model's limits."""
         leased = [n for a, n in self._context_lengths.items() if self._leased[a] and n]
         return min(leased, default=0)
+
+    def runs_pooling_only(self) -> bool:
+        """Whether a leased replica runs a pooling model (``--runner pooling``): it serves
+        no generation, so none is dispatched while one holds a lease."""
+        return any(self._leased[a] and r == "pooling" for a, r in self._runners.items())
+
+    def hidden_size(self) -> int:
+        """The length of a pooled vector, as the leased replicas report it (0 while none
+        has beaten yet)."""
+        return max((n for a, n in self._hidden_sizes.items() if self._leased[a]), default=0)
 
     def served_dtype(self) -> str:
         """The dtype the replicas reported, comma-joined when they differ ("" while no
@@ -170,6 +182,8 @@ class SchedulerRouter:
         if beat.info.model_impl:
             self._model_paths[addr] = (beat.info.architecture, beat.info.model_impl)
         self._context_lengths[addr] = beat.info.context_length
+        self._runners[addr] = beat.info.runner or "generate"
+        self._hidden_sizes[addr] = beat.info.hidden_size
 
     def _lease_lost(self, addr: str, why: str) -> None:
         if not self._leased[addr]:

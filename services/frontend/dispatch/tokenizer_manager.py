@@ -65,6 +65,8 @@ class TokenizedRequest:
     # Prompt logprobs from this position on (None: none), with this many alternatives.
     logprob_start_len: int | None = None
     prompt_top_logprobs_num: int = 0
+    # Set: a pooling (embedding) request; nothing is sampled (max_new_tokens 0).
+    pooling: scheduler_pb2.PoolingParams | None = None
 
 
 class TokenizerManager:
@@ -281,6 +283,7 @@ class TokenizerManager:
             stream=req.stream,
             priority=req.priority,
             session_params=req.session,
+            pooling=req.pooling,
         )
         state.scheduler = addr
         self.router.dispatched(addr)

@@ -105,6 +105,16 @@ class ServingBase:
         if model and model != self.model_name:
             raise NotFoundError(f"The model `{model}` does not exist.", field="model")
 
+    def check_generates(self) -> None:
+        """INVALID_ARGUMENT when the schedulers run a pooling model (``--runner pooling``):
+        they serve embeddings only, and no generation is dispatched to them."""
+        if self.manager.router.runs_pooling_only():
+            raise InvalidArgumentError(
+                "this server runs a pooling model (--runner pooling): it serves "
+                "/v1/embeddings only, no generation",
+                field="model",
+            )
+
     def openai_params(
         self, request: OpenAIRequest, max_completion_tokens: int | None = None
     ) -> RequestedParams:
@@ -112,6 +122,7 @@ class ServingBase:
         range-checked before anything else is done; unset fields take the model's
         defaults."""
         self.check_model(request.model)
+        self.check_generates()
         requested = params_from_openai(
             request.sampling, max_completion_tokens, self.ctx.sampling_defaults
         )

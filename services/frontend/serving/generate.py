@@ -31,6 +31,7 @@ class GenerateServing(ServingBase):
         times = new_times()
         if request.text and request.input_ids:
             raise InvalidArgumentError("give text or input_ids, not both", field="text")
+        self.check_generates()
         requested = params_from_native(request.sampling_params, self.ctx.sampling_defaults)
         check_sampling(requested, self.limits)
         await self.ctx.grammars.check(requested.params, requested.aliases)

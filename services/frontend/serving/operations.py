@@ -78,7 +78,7 @@ class Operations:
             model_path=self.model_path,
             tokenizer_path=self.model_path,  # the tokenizer is loaded from the model folder
             served_model_name=self.ctx.model_name,
-            is_generation=True,
+            is_generation=not self.manager.router.runs_pooling_only(),
             dtype=self.manager.router.served_dtype(),
             architecture=self.manager.router.served_architecture(),
             model_impl=self.manager.router.served_model_impl(),

@@ -12,6 +12,7 @@ the caller's future.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from tokenline.v1 import scheduler_pb2
 
@@ -20,6 +21,10 @@ from services.scheduler.core.req import Req
 from services.scheduler.core.stats import SchedulerStats
 
 NO_TICKET = 0  # a command nobody waits on
+# What the engine serves (--runner, vLLM's name): "generate" runs every kind of request;
+# "pooling" only pooling (embedding) requests, so no decode step ever runs.
+Runner = Literal["generate", "pooling"]
+RUNNERS: tuple[Runner, ...] = ("generate", "pooling")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,17 +140,22 @@ class EngineLimits:
     context_length: int  # already capped to the KV pool
     num_kv_tokens: int
     max_waiting_requests: int
+    runner: Runner = "generate"
+    hidden_size: int = 0  # the length of a pooled vector
 
     def validate(self, req: Req) -> None:
         """INVALID_ARGUMENT unless ``req`` could run here. The frontend validates too;
         this guards the engine from any other gRPC client."""
+        self._validate_kind(req)
         if not req.input_ids:
             raise InvalidArgumentError("prompt has no tokens", field="prompt")
         if min(req.input_ids) < 0 or max(req.input_ids) >= self.vocab_size:
             raise InvalidArgumentError(
                 f"token ids must be in [0, {self.vocab_size})", field="prompt"
             )
-        if len(req.input_ids) + 1 > min(self.context_length, self.num_kv_tokens):
+        # A pooling request keeps no output token, so its prompt may fill the context.
+        num_tokens = len(req.input_ids) + (0 if req.pooling is not None else 1)
+        if num_tokens > min(self.context_length, self.num_kv_tokens):
             raise InvalidArgumentError(
                 f"prompt of {len(req.input_ids)} tokens does not fit the context",
                 field="prompt",
@@ -153,3 +163,22 @@ class EngineLimits:
         req.params.validate(self.vocab_size)
         if req.prompt_logprobs is not None:
             req.prompt_logprobs.validate(len(req.input_ids))
+
+    def _validate_kind(self, req: Req) -> None:
+        """A pooling request asks for nothing generated; a pooling runner takes nothing else."""
+        if req.pooling is None:
+            if self.runner == "pooling":
+                raise InvalidArgumentError(
+                    "this scheduler runs a pooling model (--runner pooling): only pooling "
+                    "(embedding) requests are served",
+                    field="pooling",
+                )
+            return
+        if req.params.max_new_tokens != 0:
+            raise InvalidArgumentError(
+                "a pooling request generates nothing", field="max_new_tokens"
+            )
+        if req.session is not None:
+            raise InvalidArgumentError("a pooling request has no session", field="session_params")
+        if req.return_logprob or req.prompt_logprobs is not None:
+            raise InvalidArgumentError("a pooling request has no logprobs", field="logprob")

@@ -46,6 +46,8 @@ class OutputRow:
     init: RowInit | None = None
     # Every prompt logprob, on the first row made once the whole prompt is scored.
     input_logprobs: tuple[PromptLogprob, ...] = ()
+    # A pooling request's result, on its only row: the pooled hidden state.
+    embedding: tuple[float, ...] = ()
 
     @classmethod
     def of(
@@ -54,6 +56,7 @@ class OutputRow:
         new_token_ids: Sequence[int],
         finish: FinishInfo | None,
         logprobs: Sequence[LogprobEntry] = (),
+        embedding: tuple[float, ...] = (),
     ) -> OutputRow:
         """Snapshot ``req`` now; the first row of a request carries its ``RowInit``.
         Engine thread only: it marks ``req.sent_init``."""
@@ -74,4 +77,5 @@ class OutputRow:
             input_logprobs=(
                 req.prompt_logprobs.take(len(req.input_ids)) if req.prompt_logprobs else ()
             ),
+            embedding=embedding,
         )

@@ -13,6 +13,7 @@ import torch
 
 from services.common.sampling_params import SamplingParams
 from services.scheduler.mem_cache.radix_cache import TreeNode
+from services.scheduler.model_executor.pooling import PoolingState
 from services.scheduler.sampling.grammar import RequestGrammar
 from services.scheduler.sampling.logits_processor import PenaltyState
 from services.scheduler.sampling.prompt_logprobs import PromptLogprobState
@@ -115,6 +116,9 @@ class Req:
     grammar: RequestGrammar | None = None  # set on arrival when the output must match one
     # Set when the request asked for prompt logprobs (``prompt_logprobs`` module).
     prompt_logprobs: PromptLogprobState | None = None
+    # Set for a pooling (embedding) request: it samples nothing and ends once its prompt
+    # is computed, its row carrying the pooled hidden state (``pooling`` module).
+    pooling: PoolingState | None = None
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """``(input_ids + output_ids)[start:end]`` without building the whole list."""
@@ -127,11 +131,15 @@ class Req:
 
     def max_prefix_len(self) -> int:
         """The most tokens whose KV may come from the prefix cache: all but the last (its
-        logits give the next token), fewer while prompt logprobs still need logits."""
+        logits give the next token), fewer while prompt logprobs still need logits or
+        pooling still needs hidden states."""
         limit = len(self.input_ids) + len(self.output_ids) - 1
-        state = self.prompt_logprobs
-        needed = None if state is None else state.max_prefix_len(len(self.input_ids))
-        return limit if needed is None else min(limit, needed)
+        num_prompt = len(self.input_ids)
+        for state in (self.prompt_logprobs, self.pooling):
+            needed = None if state is None else state.max_prefix_len(num_prompt)
+            if needed is not None:
+                limit = min(limit, needed)
+        return limit
 
     @property
     def num_computed(self) -> int:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.common.errors import AlreadyExistsError, ResourceExhaustedError
-from services.scheduler.core.messages import EngineLimits
+from services.scheduler.core.messages import EngineLimits, Runner
 from services.scheduler.core.output_row import OutputRow
 from services.scheduler.core.overlap import (
     ForwardWorker,
@@ -44,6 +44,11 @@ from services.scheduler.core.waiting_queue import WaitingQueue
 from services.scheduler.mem_cache.kv_cache import KVCacheManager
 from services.scheduler.mem_cache.kv_pool import KVPool
 from services.scheduler.model_executor.model_runner import CausalLM, ForwardPlan, ModelRunner
+from services.scheduler.model_executor.pooling import (
+    PoolSpan,
+    plan_pool_spans,
+    record_pool_spans,
+)
 from services.scheduler.sampling.grammar import GrammarCompiler, create_request_grammar
 from services.scheduler.sampling.prompt_logprobs import PromptSpan, plan_spans, record_spans
 from services.scheduler.sampling.sampler import SampleOutput, Sampler
@@ -63,6 +68,8 @@ class SchedulerConfig:
     stream_interval: int = 1
     # Plan and launch the next decode step before committing the one in flight (overlap.py).
     overlap_schedule: bool = False
+    # "pooling" (--runner pooling): only pooling requests are served, so nothing decodes.
+    runner: Runner = "generate"
 
 
 @dataclass(slots=True)
@@ -76,14 +83,27 @@ class StepPlan:
     rids: set[str] = field(default_factory=set)
 
     def forward_plan(
-        self, logit_rows: list[int], spans: list[PromptSpan], *, copy_slots: bool = False
+        self,
+        logit_rows: list[int],
+        spans: list[PromptSpan],
+        *,
+        copy_slots: bool = False,
+        pool_spans: list[PoolSpan] | None = None,
     ) -> ForwardPlan:
         """What the model runner needs of this plan; call once scheduling is done (the
         requests' slot lists are complete then). ``copy_slots`` for a runner on another
         thread: the engine thread goes on growing the live lists while it reads them."""
         kv_slots = [list(r.kv_slots) if copy_slots else r.kv_slots for r in self.reqs]
         prompt_lens = [len(r.input_ids) for r in self.reqs]
-        return ForwardPlan(self.chunks, self.prefix_lens, kv_slots, logit_rows, spans, prompt_lens)
+        return ForwardPlan(
+            self.chunks,
+            self.prefix_lens,
+            kv_slots,
+            logit_rows,
+            spans,
+            prompt_lens,
+            pool_spans or [],
+        )
 
 
 class Scheduler:
@@ -106,6 +126,8 @@ class Scheduler:
             context_length=config.context_length,
             num_kv_tokens=kv_pool.num_tokens,
             max_waiting_requests=config.max_waiting_requests,
+            runner=config.runner,
+            hidden_size=model.config.hidden_size,
         )
         self.sampler = Sampler(device, stop_checker.eos_token_ids)
         self._worker = ForwardWorker(self.runner, self.sampler) if config.overlap_schedule else None
@@ -368,8 +390,10 @@ class Scheduler:
         # starts first and builds beside the forward.
         self.sampler.prepare(reqs, self.runner.vocab_size, self.runner.device)
         spans = plan_spans(plan.reqs, plan.prefix_lens, plan.chunks)
-        out = self.runner.run(plan.forward_plan(rows, spans))
+        pool_spans = plan_pool_spans(plan.reqs, plan.prefix_lens, plan.chunks)
+        out = self.runner.run(plan.forward_plan(rows, spans, pool_spans=pool_spans))
         record_spans(plan.reqs, spans, out.prompt_logprobs)
+        record_pool_spans(plan.reqs, pool_spans, out.pooled)
         self.stats.step_tokens.append(sum(map(len, plan.chunks)))
         for req, prefix_len in zip(plan.reqs, plan.prefix_lens, strict=True):
             if prefix_len < len(req.input_ids):
@@ -433,10 +457,13 @@ class Scheduler:
 
     def _end_prompt_only(self, req: Req) -> OutputRow:
         """A request with max_new_tokens 0 ends once its prompt is computed (and scored):
-        ``length``, no token sampled."""
-        finish = FinishInfo("length")
+        ``length``, no token sampled. A pooling request did all it asked (``stop``), and
+        its one row carries its vector."""
+        finish = FinishInfo("length" if req.pooling is None else "stop")
         self._finish(req, finish, ReqStatus.FINISHED)
-        return self._take_row(req, finish)
+        if req.pooling is None:
+            return self._take_row(req, finish)
+        return OutputRow.of(req, [], finish, embedding=req.pooling.result(len(req.input_ids)))
 
     def _commit(self, reqs: list[Req], out: SampleOutput) -> list[OutputRow]:
         rows = []

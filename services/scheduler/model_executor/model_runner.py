@@ -23,6 +23,7 @@ from services.scheduler.mem_cache.kv_pool import KVPool
 from services.scheduler.model_executor.attention.base import AttentionBackend, AttentionMetadata
 from services.scheduler.model_executor.forward_batch import ForwardBatch
 from services.scheduler.model_executor.models.config import ModelConfig
+from services.scheduler.model_executor.pooling import PoolSpan, pool_rows
 from services.scheduler.sampling.prompt_logprobs import PromptLogprob, PromptSpan, score_rows
 
 
@@ -53,6 +54,7 @@ class ForwardPlan:
     logit_rows: list[int]  # requests whose last new token is sampled, in batch order
     prompt_spans: list[PromptSpan] = field(default_factory=list)  # rows to score
     prompt_lens: list[int] = field(default_factory=list)  # per request; empty = unknown
+    pool_spans: list[PoolSpan] = field(default_factory=list)  # rows to pool (embeddings)
 
     @property
     def num_tokens(self) -> int:
@@ -63,6 +65,8 @@ class ForwardPlan:
 class ForwardOutput:
     logits: torch.Tensor  # [len(plan.logit_rows), vocab] model dtype, see ``ModelRunner.forward``
     prompt_logprobs: list[list[PromptLogprob]]  # per plan.prompt_spans entry
+    # per plan.pool_spans entry: its final-norm hidden rows summed, float32 [hidden]
+    pooled: list[torch.Tensor] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -95,8 +99,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, plan: ForwardPlan) -> ForwardOutput:
-        """``forward``'s logits, and the prompt logprobs of each of ``plan.prompt_spans``
-        (host values, in span order) from the same hidden states."""
+        """``forward``'s logits, the prompt logprobs of each of ``plan.prompt_spans``
+        (host values, in span order) and the row sums of each of ``plan.pool_spans``
+        (device tensors, in span order), all from the same hidden states."""
         batch = ForwardBatch.build(
             plan.new_token_ids,
             plan.prefix_lens,
@@ -107,13 +112,20 @@ class ModelRunner:
         meta = self.attn_backend.plan(batch)  # once per step, shared by every layer
         hidden = self.model.hidden_states(batch, meta, self.kv_pool)
         scored = self._score_prompts(hidden, plan) if plan.prompt_spans else []
+        pooled = pool_rows(hidden, self._starts(plan), plan.pool_spans) if plan.pool_spans else []
         if not plan.logit_rows:
             empty = torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
-            return ForwardOutput(empty, scored)
-        return ForwardOutput(self.model.compute_logits(self._select(hidden, plan)), scored)
+            return ForwardOutput(empty, scored, pooled)
+        logits = self.model.compute_logits(self._select(hidden, plan))
+        return ForwardOutput(logits, scored, pooled)
+
+    @staticmethod
+    def _starts(plan: ForwardPlan) -> list[int]:
+        """Each request's first row in the step's hidden states."""
+        return [0, *accumulate(map(len, plan.new_token_ids))]
 
     def _score_prompts(self, hidden: torch.Tensor, plan: ForwardPlan) -> list[list[PromptLogprob]]:
-        starts = [0, *accumulate(map(len, plan.new_token_ids))]
+        starts = self._starts(plan)
         out = []
         for span in plan.prompt_spans:
             first = starts[span.req_index] + span.first_row

@@ -12,6 +12,7 @@ import torch
 from services.common.auth.cluster_token import ClusterToken
 from services.common.tls import TlsSettings
 from services.common.tokenizer import load_tokenizer
+from services.scheduler.core.messages import Runner
 from services.scheduler.core.scheduler import Scheduler, SchedulerConfig
 from services.scheduler.core.stop_checker import StopChecker
 from services.scheduler.mem_cache.kv_pool import KVPool
@@ -49,6 +50,7 @@ class SchedulerProcessConfig:
     num_threads: int
     stream_interval: int
     overlap_schedule: bool
+    runner: Runner
     build_kernels: bool
     drain_timeout: float
     log_level: str
@@ -98,6 +100,7 @@ def build_scheduler(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
             and is_prefix_cache_exact(model_config),
             stream_interval=config.stream_interval,
             overlap_schedule=config.overlap_schedule,
+            runner=config.runner,
         ),
         device,
     )
@@ -106,6 +109,8 @@ def build_scheduler(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
     attach_kernels(scheduler, config.model, device)
     if config.overlap_schedule:
         logger.info("overlap scheduling on: decode steps chain on a forward worker thread")
+    if config.runner == "pooling":
+        logger.info("runner pooling: only pooling (embedding) requests are served")
     return scheduler, choice.name
 
 

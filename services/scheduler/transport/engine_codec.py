@@ -22,6 +22,7 @@ from services.scheduler.core.messages import (
     FlushCommand,
     FlushOutcome,
     OpenSessionCommand,
+    Runner,
 )
 from services.scheduler.core.stats import FinishedReqStats, SchedulerStats
 from services.scheduler.transport.proto_codec import req_from_pb, req_to_pb
@@ -90,6 +91,8 @@ def encode_ready(limits: EngineLimits, dtype: str) -> bytes:
         num_kv_tokens=limits.num_kv_tokens,
         max_waiting_requests=limits.max_waiting_requests,
         dtype=dtype,
+        runner=limits.runner,
+        hidden_size=limits.hidden_size,
     )
     return engine_pb2.EngineOutput(ready=ready).SerializeToString()
 
@@ -97,8 +100,14 @@ def encode_ready(limits: EngineLimits, dtype: str) -> bytes:
 def decode_ready(data: bytes) -> tuple[EngineLimits, str]:
     """The engine's limits and the dtype its model runs in, from its first message."""
     ready = engine_pb2.EngineOutput.FromString(data).ready
+    runner: Runner = "pooling" if ready.runner == "pooling" else "generate"
     limits = EngineLimits(
-        ready.vocab_size, ready.context_length, ready.num_kv_tokens, ready.max_waiting_requests
+        ready.vocab_size,
+        ready.context_length,
+        ready.num_kv_tokens,
+        ready.max_waiting_requests,
+        runner=runner,
+        hidden_size=ready.hidden_size,
     )
     return limits, ready.dtype
 

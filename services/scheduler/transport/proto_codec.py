@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from tokenline.v1 import common_pb2, scheduler_pb2
 
+from services.common.errors import InvalidArgumentError
 from services.common.sampling_params import SamplingParams
 from services.scheduler.core.output_row import OutputRow, RowInit
 from services.scheduler.core.req import DecodeFlags, FinishInfo, Req, ReqTimes, SessionParams
+from services.scheduler.model_executor.pooling import PoolingMethod, PoolingState
 from services.scheduler.sampling.prompt_logprobs import PromptLogprob, PromptLogprobState
 
 _FINISH_KINDS = {
@@ -19,6 +21,12 @@ _FINISH_KINDS = {
     "abort": common_pb2.FinishReason.KIND_ABORT,
 }
 _FINISH_NAMES = {kind: name for name, kind in _FINISH_KINDS.items()}
+_POOLING_METHODS: dict[PoolingMethod, int] = {
+    "last": scheduler_pb2.PoolingParams.METHOD_LAST,
+    "mean": scheduler_pb2.PoolingParams.METHOD_MEAN,
+    "cls": scheduler_pb2.PoolingParams.METHOD_CLS,
+}
+_POOLING_NAMES = {method: name for name, method in _POOLING_METHODS.items()}
 
 
 def req_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> Req:
@@ -42,6 +50,7 @@ def req_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> Req:
         stream=pb.stream if pb.HasField("stream") else True,
         prompt_logprobs=prompt_logprobs_from_pb(pb),
         session=session_from_pb(pb),
+        pooling=pooling_from_pb(pb),
     )
 
 
@@ -70,7 +79,20 @@ def req_to_pb(req: Req) -> scheduler_pb2.TokenizedGenerateReqInput:
         pb.session_params.offset = s.offset
         pb.session_params.replace = s.replace
         pb.session_params.drop_previous_output = s.drop_previous_output
+    if req.pooling is not None:
+        pb.pooling.method = _POOLING_METHODS[req.pooling.method]  # type: ignore[assignment]
+        pb.pooling.normalize = req.pooling.normalize
     return pb
+
+
+def pooling_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> PoolingState | None:
+    """A pooling request's method and normalisation; INVALID_ARGUMENT for no method."""
+    if not pb.HasField("pooling"):
+        return None
+    method = _POOLING_NAMES.get(pb.pooling.method)
+    if method is None:
+        raise InvalidArgumentError("must be last, mean or cls", field="pooling.method")
+    return PoolingState(method, pb.pooling.normalize)
 
 
 def session_from_pb(pb: scheduler_pb2.TokenizedGenerateReqInput) -> SessionParams | None:
@@ -174,6 +196,8 @@ def row_to_pb(row: OutputRow) -> scheduler_pb2.TokenIDRow:
         pb.finish_reason.CopyFrom(finish_to_pb(row.finish))
     if row.times is not None:
         pb.times.CopyFrom(times_to_pb(row.times))
+    if row.embedding:
+        pb.embedding.extend(row.embedding)
     if row.init is not None:
         flags = row.init.flags
         pb.has_init = True
@@ -212,6 +236,7 @@ def row_from_pb(pb: scheduler_pb2.TokenIDRow) -> OutputRow:
         times=times_from_pb(pb.times, with_own=True) if pb.HasField("times") else None,
         init=init,
         input_logprobs=tuple(_prompt_logprob_from_pb(e) for e in pb.input_token_logprobs),
+        embedding=tuple(pb.embedding),
     )
 
 

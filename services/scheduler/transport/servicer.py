@@ -256,6 +256,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             metrics_port=self.metrics_port,
             architecture=self.architecture,
             model_impl=self.model_impl,
+            runner=engine.limits.runner,
+            hidden_size=engine.limits.hidden_size,
         )
 
     def _check_lease(self, owner: str) -> None:

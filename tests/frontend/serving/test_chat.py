@@ -59,7 +59,7 @@ class ScriptedManager:
         self.ids = tokenizer.encode(script, add_special_tokens=False)
         self.finish = finish
         self.requests: list[TokenizedRequest] = []
-        self.router = SimpleNamespace(context_length=lambda: 0)
+        self.router = SimpleNamespace(context_length=lambda: 0, runs_pooling_only=lambda: False)
         self.num_rids = 0
 
     def new_rid(self) -> str:
