@@ -6,8 +6,8 @@ with ``stop`` must match its grammar, and the bounded forms must finish with ``s
 within the budget. ``json_object`` is checked for validity only: the random model writes
 strings that almost never close (about 330 of 129,280 tokens contain a quote, and its
 distribution is peaked elsewhere), so the only objects it finishes are short ones such
-as ``{}``, so its budget is short: an object it has not closed by then it seldom closes. The same
-grammars also go through gRPC as proto JSON, the way a non-Python
+as ``{}``. Its budget is short for that reason: an object still open after 48 tokens
+seldom closes. The same grammars also go through gRPC as proto JSON, the way a non-Python
 client sends them.
 """
 
