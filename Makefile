@@ -58,8 +58,9 @@ $(MODEL_DIR)/config.json: | $(STAMP)
 check-model: $(MODEL_DIR)/config.json
 	@$(PY) -m services.scheduler.model_executor.models.model_impl --model $(MODEL_DIR) --model-impl $(MODEL_IMPL)
 
-# The engine's compiled kernels for this machine, the sampler's and decode attention's
-# (services/scheduler/ops/cpu_kernels.py): built once, kept while torch, the CPU and the sources are unchanged;
+# The engine's compiled kernels for this machine's vector ISA level, the sampler's and decode
+# attention's (services/scheduler/ops/cpu_kernels.py): built once, kept while torch, the
+# compiler, the flags and the sources are unchanged;
 # where they cannot be built (no C++ compiler) the engine keeps its eager paths, so a
 # failure here stops nothing.
 kernels: check-model

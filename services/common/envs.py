@@ -39,8 +39,8 @@ ENV_VARS: dict[str, EnvVar] = {
         ),
         EnvVar("TOKENLINE_CHAT_TEMPLATE", "frontend: a Jinja chat template file to use"),
         EnvVar(
-            "TOKENLINE_CACHE_DIR",
-            "scheduler: where the CPU's vector-ISA probe result is kept (~/.cache/tokenline)",
+            "TOKENLINE_KERNELS_DIR",
+            "scheduler: prebuilt CPU kernels, one library per ISA level (the image's)",
         ),
         EnvVar(
             "TOKENLINE_BATCH_INVARIANT",

@@ -106,6 +106,12 @@ def create_parser() -> argparse.ArgumentParser:
         "ahead of time; without them those steps run eagerly)",
     )
     p.add_argument(
+        "--kernels-dir",
+        default=env_default("TOKENLINE_KERNELS_DIR", ""),
+        help="a folder of prebuilt CPU kernels, one library per ISA level (the container "
+        "image's); read after MODEL/kernels",
+    )
+    p.add_argument(
         "--runner",
         choices=RUNNERS,
         default="generate",

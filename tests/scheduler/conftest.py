@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from services.scheduler.ops.cpu_kernels import SampleKernel, build, find_compiler, kernel_path
+from services.scheduler.ops.cpu_kernels import KERNEL_DIR, SampleKernel, build, find_compiler
+from services.scheduler.ops.isa_levels import machine_level
 
 NO_COMPILER = "the kernels need a C++ compiler"
 needs_compiler = pytest.mark.skipif(find_compiler() is None, reason=NO_COMPILER)
@@ -20,7 +21,7 @@ def kernel_model_dir(default_model_dir: Path) -> Path:
     built it; built here if not), loaded into this process. Read only: a test that changes
     a model folder copies it."""
     model_dir = default_model_dir
-    path = build(model_dir)  # a no-op where the library for this key is there
-    assert path == kernel_path(model_dir) and path.is_file()
+    built = build(model_dir / KERNEL_DIR)  # a no-op where the library for this key is there
+    assert built[machine_level().name].is_file()
     assert SampleKernel.load(model_dir) is not None
     return model_dir

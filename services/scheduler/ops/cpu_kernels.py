@@ -19,18 +19,21 @@ in one call, straight from the logits in the model's dtype:
 At [32, 129,280] bf16 on the 2-core AMD EPYC here: 0.3 ms by proposals, 1.0 by inverse CDF,
 0.4 greedy, against 1.6-1.8 for the AOTInductor block sums and torch search it replaced.
 
-``python -m services.scheduler.ops.cpu_kernels --model DIR`` (``make kernels``) compiles them
-with the machine's C++ compiler against torch's headers into ``DIR/kernels/``, keyed by
-everything the machine code depends on: torch version, CPU flags, compiler flags and the
-sources. The engine loads the library with ``torch.ops.load_library`` in about a
-millisecond and keeps the eager paths wherever none matches (no compiler, the container
-image, which drops torch's headers, a GPU).
+Each vector ISA level (``isa_levels.py``) gets its own library, and a folder of them
+carries a ``manifest.json`` naming the library of each level for one torch version and one
+set of sources. ``python -m services.scheduler.ops.cpu_kernels --model DIR`` (``make
+kernels``) builds this machine's level into ``DIR/kernels/``; ``--out DIR --levels all``
+builds every level, as the container image does at build time, so its runtime needs no
+compiler. A library's file name is keyed by everything its machine code depends on (torch
+version, compiler version, compiler flags, sources); a build removes the libraries its
+manifest no longer names. The engine loads its level's library with
+``torch.ops.load_library`` in about a millisecond, first from the model's folder, then from
+``--kernels-dir``, and keeps the eager paths wherever none matches (no build, a GPU).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import logging
@@ -39,14 +42,22 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
+from services.scheduler.ops.isa_levels import (
+    LEVEL_NAMES,
+    IsaLevel,
+    level_named,
+    machine_level,
+)
+
 logger = logging.getLogger(__name__)
 
 KERNEL_DIR = "kernels"
+MANIFEST = "manifest.json"
 _CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (_CSRC / "sample_rows.cpp", _CSRC / "decode_attention.cpp")
 HEADERS = (_CSRC / "float_vec.h",)  # included by the sources: part of the key too
@@ -80,23 +91,29 @@ class SampleKernel:
         )
 
     @classmethod
-    def load(cls, model_dir: str | Path) -> SampleKernel | None:
-        """The kernel built for this machine, or None when there is none (or it won't load).
+    def load(
+        cls, model_dir: str | Path, prebuilt_dir: str | Path | None = None
+    ) -> SampleKernel | None:
+        """The library of this machine's level from ``model_dir/kernels``, else from
+        ``prebuilt_dir`` (the image's), loaded; None when neither has one or it won't load.
         A process registers the op once: a second load finds it registered."""
         if is_registered("sample_rows"):
             return cls()
+        folders = [Path(model_dir) / KERNEL_DIR, *([Path(prebuilt_dir)] if prebuilt_dir else [])]
         try:
-            path = kernel_path(model_dir)
+            level = machine_level()
+            path = next(filter(None, (find_library(f, level) for f in folders)), None)
         except OSError as exc:  # an install without the C++ sources cannot key a build
             logger.warning("no kernel sources (%s); eager paths", exc)
             return None
-        if not path.is_file():
+        if path is None:
             return None
         try:
             torch.ops.load_library(str(path))
         except (OSError, RuntimeError) as exc:
             logger.warning("kernels %s did not load (%s); eager paths", path, exc)
             return None
+        logger.info("CPU kernels for %s from %s", level.name, path)
         return cls() if is_registered("sample_rows") else None
 
 
@@ -108,58 +125,47 @@ def is_registered(op: str) -> bool:
         return False
 
 
-def kernel_path(model_dir: str | Path) -> Path:
-    return Path(model_dir) / KERNEL_DIR / f"{kernel_key()}.so"
+def find_library(folder: Path, level: IsaLevel) -> Path | None:
+    """``level``'s library in ``folder`` when its manifest was written for this torch and
+    these sources; None otherwise."""
+    manifest = _read_manifest(folder)
+    if manifest.get("torch") != torch.__version__ or manifest.get("sources") != sources_digest():
+        return None
+    name = manifest.get("libraries", {}).get(level.name)
+    path = folder / name if isinstance(name, str) else None
+    return path if path is not None and path.is_file() else None
 
 
-def kernel_key() -> str:
-    """What the compiled machine code depends on; anything else gets another file."""
-    parts = [torch.__version__, _cpu_flags(), " ".join(isa_flags())]
-    parts += [source.read_text() for source in (*SOURCES, *HEADERS)]
-    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-    return f"tokenline_ops-{digest}"
+def sources_digest() -> str:
+    """The kernels' sources and headers, hashed (OSError when they are not installed)."""
+    texts = [source.read_text() for source in (*SOURCES, *HEADERS)]
+    return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
 
 
-def _cpu_flags() -> str:
-    """The CPU's feature flags (Linux), which decide the instructions the build emits."""
+def fixed_flags() -> list[str]:
+    """The compiler flags every level shares."""
+    return [
+        "-O3",
+        "-std=c++20",
+        "-fPIC",
+        "-fopenmp",  # at::parallel_for splits rows over torch's OpenMP threads
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+    ]
+
+
+def library_name(level: IsaLevel, compiler_version: str) -> str:
+    """The file name of ``level``'s library, keyed by everything its machine code depends on."""
+    parts = [torch.__version__, compiler_version, *fixed_flags(), *level.build_flags]
+    digest = hashlib.sha256("\n".join([*parts, sources_digest()]).encode()).hexdigest()[:16]
+    return f"tokenline_ops-{level.name}-{digest}.so"
+
+
+def _read_manifest(folder: Path) -> dict:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return " ".join(sorted(line.partition(":")[2].split()))
-    except OSError:
-        pass
-    return torch.backends.cpu.get_cpu_capability()
-
-
-def isa_flags() -> list[str]:
-    """The vector ISA torch's own CPU code generator picks here (its compiler flags and the
-    ``CPU_CAPABILITY`` macro that selects ``at::vec``'s implementation); none: scalar.
-
-    Picking it compiles and runs probe programs (~3 s), so the answer is kept on disk
-    (``isa_cache_path``), keyed by everything it depends on."""
-    cache = isa_cache_path()
-    try:
-        return list(json.loads(cache.read_text()))
+        manifest = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError):
-        pass
-    flags = _probe_isa_flags()
-    with contextlib.suppress(OSError):  # a read-only home: probe again next time
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        scratch = cache.with_suffix(f".{os.getpid()}.tmp")
-        scratch.write_text(json.dumps(flags))
-        scratch.replace(cache)  # atomic: a concurrent start reads all or nothing
-    return flags
-
-
-def isa_cache_path() -> Path:
-    """Where the ISA probe's answer for this CPU, torch, compiler and capability cap lives:
-    ``$TOKENLINE_CACHE_DIR``, else ``$XDG_CACHE_HOME/tokenline`` or ``~/.cache/tokenline``."""
-    parts = [torch.__version__, _cpu_flags(), _compiler_version()]
-    parts.append(os.environ.get("ATEN_CPU_CAPABILITY", ""))
-    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tokenline"
-    root = Path(os.environ.get("TOKENLINE_CACHE_DIR") or default)
-    return root / f"vec-isa-{digest}.json"
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
 
 
 def _compiler_version() -> str:
@@ -174,29 +180,13 @@ def _compiler_version() -> str:
     return done.stdout.partition("\n")[0]
 
 
-def _probe_isa_flags() -> list[str]:
-    try:
-        from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-        with warnings.catch_warnings():
-            # Its probe builds add Python's include dir, absent where no python3-dev is
-            # installed (the image); the probe code does not include Python.h.
-            warnings.filterwarnings("ignore", message="Can't find Python.h")
-            isa = pick_vec_isa()
-        if not isa:
-            return []
-        return [*isa.build_arch_flags().split(), *(f"-D{m}" for m in isa.build_macro())]
-    except Exception:  # an inductor without this helper: build for the baseline ISA
-        return []
-
-
 def find_compiler() -> str | None:
     """The C++ compiler a build uses: ``$CXX``, else ``c++`` or ``g++`` on the path."""
     return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
 
 
 def compile_commands(
-    sources: tuple[Path, ...], scratch: Path, output: Path
+    level: IsaLevel, scratch: Path, output: Path
 ) -> tuple[list[list[str]], list[str]]:
     """One compile per source (``scratch/<name>.o``; they run at once, a core each) and
     the link of their objects into ``output``."""
@@ -205,19 +195,11 @@ def compile_commands(
     compiler = find_compiler()
     if compiler is None:
         raise FileNotFoundError("no C++ compiler (c++ / g++, or $CXX)")
-    flags = [
-        "-O3",
-        "-std=c++20",
-        "-fPIC",
-        "-fopenmp",  # at::parallel_for splits rows over torch's OpenMP threads
-        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-        *isa_flags(),
-        *(f"-I{path}" for path in include_paths()),
-    ]
-    objects = [scratch / f"{source.stem}.o" for source in sources]
+    flags = [*fixed_flags(), *level.build_flags, *(f"-I{path}" for path in include_paths())]
+    objects = [scratch / f"{source.stem}.o" for source in SOURCES]
     compiles = [
         [compiler, *flags, "-c", str(source), "-o", str(obj)]
-        for source, obj in zip(sources, objects, strict=True)
+        for source, obj in zip(SOURCES, objects, strict=True)
     ]
     libs = library_paths()
     link = [
@@ -236,17 +218,36 @@ def compile_commands(
     return compiles, link
 
 
-def build(model_dir: str | Path) -> Path:
-    """Compile the kernels for this machine into ``model_dir/kernels`` (kept if present)."""
-    path = kernel_path(model_dir)
-    if path.is_file():
-        return path
-    isa = " ".join(isa_flags()) or "the baseline ISA, no vector flags"
-    logger.info("compiling the CPU kernels for this machine (%s) into %s", isa, path.parent)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def build(folder: str | Path, levels: Iterable[IsaLevel] | None = None) -> dict[str, Path]:
+    """Compile ``levels`` (default: this machine's) into ``folder``, keeping libraries whose
+    key is unchanged; then write the manifest and remove the libraries it does not name."""
+    folder = Path(folder)
+    wanted = list(levels) if levels is not None else [machine_level()]
+    compiler_version = _compiler_version()
+    manifest = _read_manifest(folder)
+    same_build = (
+        manifest.get("torch") == torch.__version__ and manifest.get("sources") == sources_digest()
+    )
+    libraries: dict[str, str] = dict(manifest.get("libraries", {})) if same_build else {}
+    folder.mkdir(parents=True, exist_ok=True)
+    for level in wanted:
+        name = library_name(level, compiler_version)
+        if not (folder / name).is_file():
+            _compile(level, folder / name)
+        libraries[level.name] = name
+    libraries = {k: v for k, v in libraries.items() if (folder / v).is_file()}
+    _write_manifest(folder, libraries)
+    for stale in set(folder.glob("tokenline_ops-*.so")) - {folder / v for v in libraries.values()}:
+        stale.unlink(missing_ok=True)
+    return {level: folder / name for level, name in libraries.items()}
+
+
+def _compile(level: IsaLevel, path: Path) -> None:
+    flags = " ".join(level.build_flags) or "no vector flags"
+    logger.info("compiling the CPU kernels for %s (%s) into %s", level.name, flags, path.parent)
     with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
         staged = Path(scratch) / "kernel.so"
-        compiles, link = compile_commands(SOURCES, Path(scratch), staged)
+        compiles, link = compile_commands(level, Path(scratch), staged)
         running = [
             subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             for cmd in compiles
@@ -260,22 +261,40 @@ def build(model_dir: str | Path) -> Path:
             names = ", ".join(source.name for source in SOURCES)
             raise RuntimeError(f"compiling {names} failed:\n{''.join(errors)[-4000:]}")
         os.replace(staged, path)  # atomic: a concurrent loader sees all of it or nothing
-    return path
+
+
+def _write_manifest(folder: Path, libraries: dict[str, str]) -> None:
+    manifest = {"torch": torch.__version__, "sources": sources_digest(), "libraries": libraries}
+    scratch = folder / f"{MANIFEST}.{os.getpid()}.tmp"
+    scratch.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    scratch.replace(folder / MANIFEST)  # atomic: a concurrent start reads all or nothing
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.scheduler.ops.cpu_kernels")
-    parser.add_argument("--model", required=True, help="model directory (kernels/ goes in it)")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--model", help="model directory: its kernels/ gets this machine's level")
+    where.add_argument("--out", help="a folder of kernels for --levels (the image's)")
+    parser.add_argument(
+        "--levels",
+        default="",
+        help=f"comma-separated ISA levels or 'all' ({', '.join(LEVEL_NAMES)}); "
+        "default: this machine's",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    folder = Path(args.model) / KERNEL_DIR if args.model else Path(args.out)
+    names = LEVEL_NAMES if args.levels == "all" else [n for n in args.levels.split(",") if n]
     try:
-        path = build(args.model)
-    except (OSError, RuntimeError) as exc:  # no compiler, no headers: eager it is
+        levels = [level_named(name) for name in names] or None
+        built = build(folder, levels)
+    except (OSError, RuntimeError, ValueError) as exc:  # no compiler, no headers: eager it is
         logger.warning(
             "kernels not built (%s: %s); the engine keeps its eager paths", type(exc).__name__, exc
         )
         return 1
-    logger.info("kernels %s", path)
+    for level, path in built.items():
+        logger.info("kernels for %s: %s", level, path)
     return 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -21,8 +22,9 @@ from services.scheduler.model_executor.models.config import ModelConfig
 from services.scheduler.model_executor.models.dtype import choose_dtype
 from services.scheduler.model_executor.models.loader import load_model
 from services.scheduler.model_executor.models.model_impl import resolve_model_impl
-from services.scheduler.ops.cpu_kernels import SampleKernel, is_registered
+from services.scheduler.ops.cpu_kernels import KERNEL_DIR, SampleKernel, find_library, is_registered
 from services.scheduler.ops.cpu_kernels import build as build_kernels
+from services.scheduler.ops.isa_levels import machine_level
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ class SchedulerProcessConfig:
     overlap_schedule: bool
     runner: Runner
     build_kernels: bool
+    kernels_dir: str  # prebuilt kernels (the image's), read after MODEL/kernels
     drain_timeout: float
     log_level: str
     log_json: bool
@@ -105,8 +108,8 @@ def build_scheduler(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
         device,
     )
     if config.build_kernels and device.type == "cpu":
-        build_kernels_if_missing(config.model)
-    attach_kernels(scheduler, config.model, device)
+        build_kernels_if_missing(config.model, config.kernels_dir)
+    attach_kernels(scheduler, config.model, device, config.kernels_dir)
     if config.overlap_schedule:
         logger.info("overlap scheduling on: decode steps chain on a forward worker thread")
     if config.runner == "pooling":
@@ -124,22 +127,28 @@ def is_prefix_cache_exact(model_config: ModelConfig) -> bool:
     return True
 
 
-def build_kernels_if_missing(model_dir: str) -> None:
-    """Compile this machine's kernels into ``model_dir/kernels`` unless they are there
-    (``--build-kernels``: the container image ships a compiler; the volume may move
+def build_kernels_if_missing(model_dir: str, kernels_dir: str = "") -> None:
+    """Compile this machine's kernels into ``model_dir/kernels`` unless a library for its
+    level is there or in ``kernels_dir`` (``--build-kernels``, for a volume that may move
     between machines). A failure leaves the engine on its eager paths."""
+    level = machine_level()
+    folders = [Path(model_dir) / KERNEL_DIR, *([Path(kernels_dir)] if kernels_dir else [])]
     try:
-        build_kernels(model_dir)
+        if any(find_library(folder, level) for folder in folders):
+            return
+        build_kernels(folders[0], [level])
     except (OSError, RuntimeError) as exc:
         logger.warning("kernels not built (%s: %s); eager paths", type(exc).__name__, exc)
 
 
-def attach_kernels(scheduler: Scheduler, model_dir: str, device: torch.device) -> None:
-    """Give the sampler and the attention backend the compiled kernels built for this
-    machine, if any."""
+def attach_kernels(
+    scheduler: Scheduler, model_dir: str, device: torch.device, kernels_dir: str = ""
+) -> None:
+    """Give the sampler and the attention backend the compiled kernels of this machine's
+    ISA level, if any (``model_dir/kernels`` first, then ``kernels_dir``)."""
     if device.type != "cpu":
         return
-    kernel = SampleKernel.load(model_dir)
+    kernel = SampleKernel.load(model_dir, kernels_dir or None)
     scheduler.sampler.kernel = kernel
     if kernel is None:
         logger.info(
