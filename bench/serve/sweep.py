@@ -1,15 +1,17 @@
-"""`python -m bench.serve sweep`: tokenline vs `transformers serve` over a grid, one run.
+"""`python -m bench.serve sweep`: tokenline vs a peer over a grid, one run.
 
-For each dtype setting (``defaults``: each server at its own default dtype, i.e.
-tokenline's hardware-aware ``auto`` and transformers' checkpoint dtype; or a dtype
-name: both servers in it), each server is started once and driven through every
-temperature x concurrency cell, then stopped before the other starts (never both at
-once: they would share the cores). Each cell has prompts of its own, the same for both
-servers: cells that shared a seed sent the same prompts again, which tokenline's prefix
-cache then served without their prefill (every cell after the first, partly or wholly).
+The peer (``--peer``) is `transformers serve --continuous-batching` or vLLM's CPU engine
+(`bench.serve.vllm_cpu`). For each dtype setting (``defaults``: each server at its own
+default dtype, i.e. tokenline's hardware-aware ``auto`` and the peer's ``auto``, which
+for both peers is the checkpoint's dtype; or a dtype name: both servers in it), each
+server is started once and driven through every temperature x concurrency cell, then
+stopped before the other starts (never both at once: they would share the cores). Each
+cell has prompts of its own, the same for both servers: cells that shared a seed sent
+the same prompts again, which tokenline's prefix cache then served without their
+prefill (every cell after the first, partly or wholly).
 Concurrency C sends ``prompts_per_slot * C`` requests with at most C in flight.
 tokenline's requests ask for the stage breakdown, so its ``dispatch`` stage (routing +
-AddRequest hop) is reported per cell. Ratios are tokenline / transformers.
+AddRequest hop) is reported per cell. Ratios are tokenline / peer.
 
 ``--rounds N`` repeats all of it N times, the server that goes first alternating, and
 reports each cell's median over rounds with every round's own ratio beside it: on a
@@ -36,11 +38,10 @@ from bench.serve.client import RequestSettings
 from bench.serve.metrics import percentile
 from bench.serve.plots import plot_sweep
 from bench.serve.report import write_json
-from bench.serve.servers import ServerStartError, TokenlineServer, TransformersServer
+from bench.serve.servers import PEERS, PeerServer, ServerStartError, TokenlineServer
 from bench.serve.session import benchmark, create_workload
 from services.common.tokenizer import load_tokenizer
 
-SERVERS = (TokenlineServer, TransformersServer)
 DEFAULTS = "defaults"
 
 
@@ -57,15 +58,15 @@ def create_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--servers",
         nargs="+",
-        choices=[s.label for s in SERVERS],
-        default=[s.label for s in SERVERS],
+        choices=["tokenline", *cli.PEER_NAMES],
+        default=None,
+        help="run only these (default: tokenline and the peer)",
     )
     p.add_argument("--concurrency", type=cli.positive_int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
     p.add_argument("--prompts-per-slot", type=cli.positive_int, default=2)
     p.add_argument("--min-prompts", type=cli.positive_int, default=8)
-    p.add_argument("--tokenline-args", default="", help="extra scheduler flags, one string")
-    p.add_argument("--transformers-args", default="", help="extra `transformers serve` flags")
+    cli.add_peer_flags(p)
     p.add_argument("--start-timeout", type=float, default=600.0)
     p.add_argument(
         "--rounds",
@@ -113,14 +114,14 @@ def run_server_cells(
 ) -> list[dict[str, Any]]:
     """Start one server, run every temperature x concurrency cell against it, stop it."""
     dtype = server_dtype(setting)
-    extra = args.tokenline_args if server_cls is TokenlineServer else args.transformers_args
+    extra = args.tokenline_args if server_cls is TokenlineServer else args.peer_args
     tokenizer = load_tokenizer(args.model_dir)
     cells = []
     with server_cls(args.model_dir, dtype, device, extra, log_dir, args.start_timeout) as server:
         base = RequestSettings(
             base_url=server.base_url,
             model=server.model,
-            ignore_eos=False,  # transformers serve rejects unknown fields
+            ignore_eos=False,  # transformers serve rejects unknown fields; same for every peer
             debug_stages=server_cls is TokenlineServer,
             timeout_s=args.timeout,
         )
@@ -172,8 +173,8 @@ def cell_line(c: dict[str, Any]) -> str:
     )
 
 
-def ratio_rows(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """tokenline / transformers for each (setting, temperature, concurrency): the ratio of
+def ratio_rows(cells: list[dict[str, Any]], peer: str = "transformers") -> list[dict[str, Any]]:
+    """tokenline / ``peer`` for each (setting, temperature, concurrency): the ratio of
     each round's pair (a cell without ``round`` is round 0), and medians over rounds."""
     by_key: dict[tuple, dict[int, dict[str, Any]]] = {}
     for c in cells:
@@ -181,7 +182,7 @@ def ratio_rows(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         by_key.setdefault(key, {})[c.get("round", 0)] = c
     rows = []
     for (server, setting, temp, conc), ours in by_key.items():
-        theirs = by_key.get(("transformers", setting, temp, conc), {})
+        theirs = by_key.get((peer, setting, temp, conc), {})
         rounds = sorted(set(ours) & set(theirs))
         if server != "tokenline" or not rounds:
             continue
@@ -189,12 +190,13 @@ def ratio_rows(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         round_ratios = [_ratio(a["output_tok_s"], b["output_tok_s"]) for a, b in pairs]
         rows.append(
             {
+                "peer": peer,
                 "setting": setting,
                 "temperature": temp,
                 "concurrency": conc,
                 "rounds": len(rounds),
                 "tokenline_tok_s": _median([a["output_tok_s"] for a, _ in pairs]),
-                "transformers_tok_s": _median([b["output_tok_s"] for _, b in pairs]),
+                "peer_tok_s": _median([b["output_tok_s"] for _, b in pairs]),
                 "throughput_ratio": _median(round_ratios),
                 "round_throughput_ratios": round_ratios,
                 "ttft_p50_ratio": _median(
@@ -218,8 +220,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def table_lines(rows: list[dict[str, Any]]) -> list[str]:
-    head = f"{'setting':<10}{'T':>5}{'C':>5}{'tokenline':>11}{'transformers':>14}"
+def table_lines(rows: list[dict[str, Any]], peer: str = "transformers") -> list[str]:
+    head = f"{'setting':<10}{'T':>5}{'C':>5}{'tokenline':>11}{peer:>14}"
     lines = [
         head + f"{'tok/s ×':>9}{'TTFT p50 ×':>12}{'dispatch p50 all/steady':>26}  rounds (tok/s ×)"
     ]
@@ -228,7 +230,7 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
         each = ", ".join("-" if x is None else f"{x:.2f}" for x in r["round_throughput_ratios"])
         lines.append(
             f"{r['setting']:<10}{r['temperature']:>5}{r['concurrency']:>5}"
-            f"{r['tokenline_tok_s']:>11.1f}{r['transformers_tok_s']:>14.1f}"
+            f"{r['tokenline_tok_s']:>11.1f}{r['peer_tok_s']:>14.1f}"
             f"{_fmt(r['throughput_ratio'], 9)}{_fmt(r['ttft_p50_ratio'], 12)}"
             f"{_ms(d):>14}{_ms(steady):>12}  {each}"
         )
@@ -251,18 +253,23 @@ def main(argv: list[str]) -> int:
     machine = machine_info()
     print(f"machine: {describe(machine)}", flush=True)
     cells: list[dict[str, Any]] = []
+    servers: tuple[type[TokenlineServer] | type[PeerServer], ...] = (
+        TokenlineServer,
+        PEERS[args.peer],
+    )
+    wanted = args.servers or [s.label for s in servers]
     try:
         for round_index in range(args.rounds):
-            order = SERVERS if round_index % 2 == 0 else SERVERS[::-1]
+            order = servers if round_index % 2 == 0 else servers[::-1]
             for setting in args.settings:
                 for server_cls in order:
-                    if server_cls.label in args.servers:
+                    if server_cls.label in wanted:
                         run = run_server_cells(server_cls, setting, args, device, log_dir)
                         cells += [c | {"round": round_index} for c in run]
     except ServerStartError as exc:
         print(f"sweep failed: {exc}", file=sys.stderr)
         return 2
-    rows = ratio_rows(cells)
+    rows = ratio_rows(cells, args.peer)
     report = {
         "name": args.name,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -272,12 +279,14 @@ def main(argv: list[str]) -> int:
         "input_len": args.input_len,
         "output_len": args.output_len,
         "rounds": args.rounds,
-        "ratio": "tokenline / transformers, median over rounds",
+        "peer": args.peer,
+        "ratio": f"tokenline / {args.peer}, median over rounds",
         "ratios": rows,
         "cells": cells,
     }
     write_json(report, json_path)
     plot_sweep(cells, f"{args.model_dir} on {describe(machine)}", png_path)
-    print("\n".join(table_lines(rows)))
+    print(f"machine: {describe(machine)}")
+    print("\n".join(table_lines(rows, args.peer)))
     print(f"wrote {json_path} and {png_path} (server logs in {log_dir})")
     return 0 if all(c["failed"] == 0 for c in cells) else 1

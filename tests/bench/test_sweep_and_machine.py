@@ -79,7 +79,7 @@ def test_rounds_pair_within_a_round_and_report_medians() -> None:
     assert row["round_throughput_ratios"] == pytest.approx([3.0, 1.5, 2.5])
     assert row["throughput_ratio"] == pytest.approx(2.5)  # not 900 / 400
     assert row["tokenline_tok_s"] == pytest.approx(900.0)
-    assert row["transformers_tok_s"] == pytest.approx(400.0)
+    assert row["peer"] == "transformers" and row["peer_tok_s"] == pytest.approx(400.0)
     assert "3.00, 1.50, 2.50" in table_lines([row])[1]
     # A round the peer did not finish has no pair: it is left out, not divided by None.
     (partial,) = ratio_rows(cells[:3] + cells[3:5])

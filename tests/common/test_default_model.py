@@ -1,12 +1,16 @@
-"""The default model builder: deterministic, offline, loadable by HF, our chat template."""
+"""The default model builder: deterministic, offline, loadable by HF, our chat template;
+and its small shape (`make model-small`), checked on a scaled-down instance."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from services.common import default_model
 from services.common.default_model import build_default_model, ensure_default_model
@@ -88,3 +92,37 @@ def test_ensure_reuses_a_current_build(default_model_dir: Path) -> None:
     before = (default_model_dir / "model.safetensors").stat().st_mtime_ns
     assert ensure_default_model(default_model_dir) == default_model_dir
     assert (default_model_dir / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_small_shape_is_qwen2_5_0_5b_sized_and_transformers_counts_the_same() -> None:
+    """`make model-small`'s dimensions; the parameter count is checked against a Llama
+    that transformers builds from the config on the meta device (no memory, no weights)."""
+    config = default_model._config(default_model.SMALL)
+    assert (config["hidden_size"], config["num_hidden_layers"]) == (896, 24)
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (14, 2)
+    assert (config["intermediate_size"], config["vocab_size"]) == (4864, 129280)
+    assert config["tie_word_embeddings"] is True
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**config))
+    assert sum(p.numel() for p in model.parameters()) == default_model.SMALL.num_params
+    assert round(default_model.SMALL.num_params / 1e6) == 474
+
+
+def test_a_scaled_down_small_build_has_its_shape_and_names_it(tmp_path: Path) -> None:
+    """The small builder's path at a fraction of the size: config, tensor shapes against
+    transformers' own Llama, and a build info that tells it from the tiny default."""
+    shape = dataclasses.replace(default_model.SMALL, name="small-test", hidden=56,
+                                head_dim=4, intermediate=304, num_layers=2)  # fmt: skip
+    out = build_default_model(tmp_path / "small", shape=shape)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["hidden_size"], config["head_dim"], config["num_hidden_layers"]) == (56, 4, 2)
+    with torch.device("meta"):
+        expected = LlamaForCausalLM(LlamaConfig(**config)).state_dict()
+    tensors = load_file(out / "model.safetensors")
+    expected.pop("lm_head.weight")  # tied to the embedding: not stored
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == {
+        k: tuple(v.shape) for k, v in expected.items()
+    }
+    assert default_model.is_current_build(out, shape=shape)
+    assert not default_model.is_current_build(out)  # not the tiny default
+    assert default_model.create_parser().parse_args(["--shape", "small"]).shape == "small"
