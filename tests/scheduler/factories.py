@@ -69,6 +69,24 @@ def run_to_completion(
     return tokens
 
 
+def run_collecting_rows(
+    scheduler: Scheduler, arrivals: dict[int, list[Req]]
+) -> dict[str, list[OutputRow]]:
+    """Step until idle, adding ``arrivals[step]`` first and checking KV conservation after
+    each step; every row per rid."""
+    rows: dict[str, list[OutputRow]] = {}
+    step = 0
+    while scheduler.has_work or any(s >= step for s in arrivals):
+        for req in arrivals.get(step, []):
+            scheduler.add_request(req)
+        for row in scheduler.step():
+            rows.setdefault(row.rid, []).append(row)
+        assert_kv_conserved(scheduler)
+        step += 1
+        assert step < 5000, "scheduler did not finish"
+    return rows
+
+
 def assert_kv_returns_to_pool(scheduler: Scheduler) -> None:
     """Nothing holds KV: every slot is free or an unlocked cached prefix, and a flush frees all."""
     kv = scheduler.kv

@@ -173,15 +173,19 @@ class ServingBase:
     def check_id_lists(self, id_lists: list[list[int]], field: str) -> None:
         if not id_lists:
             raise InvalidArgumentError("at least one prompt is required", field=field)
-        vocab_size = self.ctx.limits.vocab_size  # fixed by the model; read once, not per id
         for ids in id_lists:
             if not ids:
                 raise InvalidArgumentError("must not be empty", field=field)
-            bad = [t for t in ids if not 0 <= t < vocab_size]
-            if bad:
-                raise InvalidArgumentError(
-                    f"token ids outside [0, {vocab_size}): {bad[:5]}", field=field
-                )
+            self.check_vocab_range(ids, field)
+
+    def check_vocab_range(self, ids: list[int], field: str) -> None:
+        """Every id a token of the model's vocabulary, or INVALID_ARGUMENT naming ``field``."""
+        vocab_size = self.ctx.limits.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise InvalidArgumentError(
+                f"token ids outside [0, {vocab_size}): {bad[:5]}", field=field
+            )
 
     def build_requests(
         self,

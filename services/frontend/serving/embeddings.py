@@ -109,15 +109,10 @@ class EmbeddingServing(ServingBase):
     def _token_ids(self, id_lists: list[list[int]], fields: list[str]) -> EmbeddingInputs:
         if not id_lists:
             raise InvalidArgumentError("must not be an empty list", field="input")
-        vocab_size = self.ctx.limits.vocab_size
         for ids, field in zip(id_lists, fields, strict=True):
             if not ids:
                 raise InvalidArgumentError("must not be an empty list of token ids", field=field)
-            bad = [t for t in ids if not 0 <= t < vocab_size]
-            if bad:
-                raise InvalidArgumentError(
-                    f"token ids outside [0, {vocab_size}): {bad[:5]}", field=field
-                )
+            self.check_vocab_range(ids, field)
         return EmbeddingInputs(id_lists, fields)
 
     def _check_fit(self, inputs: EmbeddingInputs) -> None:

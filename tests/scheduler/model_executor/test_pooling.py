@@ -20,7 +20,6 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from services.common.errors import InvalidArgumentError
 from services.scheduler.core.output_row import OutputRow
 from services.scheduler.core.req import Req, SessionParams
-from services.scheduler.core.scheduler import Scheduler
 from services.scheduler.model_executor.pooling import (
     POOLING_METHODS,
     PoolingMethod,
@@ -30,10 +29,10 @@ from services.scheduler.model_executor.pooling import (
     record_pool_spans,
 )
 from tests.scheduler.factories import (
-    assert_kv_conserved,
     assert_kv_returns_to_pool,
     make_req,
     make_scheduler,
+    run_collecting_rows,
 )
 
 ATOL = 1e-4  # float32 against float32: observed ~1e-6 on unit vectors of 256 entries
@@ -60,20 +59,6 @@ def pooling_req(rid: str, prompt: list[int], method: PoolingMethod, normalize: b
 def prompt(seed: int, length: int) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
     return [0, *torch.randint(2, 120_000, (length - 1,), generator=gen).tolist()]
-
-
-def run(scheduler: Scheduler, arrivals: dict[int, list[Req]]) -> dict[str, list[OutputRow]]:
-    rows: dict[str, list[OutputRow]] = {}
-    step = 0
-    while scheduler.has_work or any(s >= step for s in arrivals):
-        for req in arrivals.get(step, []):
-            scheduler.add_request(req)
-        for row in scheduler.step():
-            rows.setdefault(row.rid, []).append(row)
-        assert_kv_conserved(scheduler)
-        step += 1
-        assert step < 5000, "scheduler did not finish"
-    return rows
 
 
 def only_vector(rows: list[OutputRow]) -> torch.Tensor:
@@ -140,7 +125,7 @@ def test_ragged_rows_of_every_method_in_one_batch_match_hf(
     ]
     writer = make_req("writer", prompt(5, 20), temperature=0.0, max_new_tokens=6)
     writer.params.ignore_eos = True
-    rows = run(scheduler, {0: [writer, *reqs[:5]], 1: reqs[5:]})
+    rows = run_collecting_rows(scheduler, {0: [writer, *reqs[:5]], 1: reqs[5:]})
     for name, ids in prompts.items():
         for method in POOLING_METHODS:
             got = only_vector(rows[f"{name}-{method}"])
@@ -155,7 +140,7 @@ def test_unnormalised_vector_is_the_pooled_state(
 ) -> None:
     ids = prompt(6, 30)
     scheduler = make_scheduler(default_model_dir, max_num_batched_tokens=16)
-    rows = run(scheduler, {0: [pooling_req("raw", ids, "mean", normalize=False)]})
+    rows = run_collecting_rows(scheduler, {0: [pooling_req("raw", ids, "mean", normalize=False)]})
     with torch.no_grad():
         hidden = hf_model(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]
     torch.testing.assert_close(only_vector(rows["raw"]), hidden.mean(dim=0), atol=ATOL, rtol=0)
@@ -167,9 +152,11 @@ def test_prefix_cache_serves_last_and_never_the_rows_mean_and_cls_need(
     shared = prompt(7, 40)
     full = [*shared, *prompt(8, 20)[1:]]
     scheduler = make_scheduler(default_model_dir, max_num_batched_tokens=32)
-    run(scheduler, {0: [make_req("first", shared, temperature=0.0, max_new_tokens=1)]})
+    run_collecting_rows(
+        scheduler, {0: [make_req("first", shared, temperature=0.0, max_new_tokens=1)]}
+    )
     reqs = {m: pooling_req(m, full, m) for m in POOLING_METHODS}
-    rows = run(scheduler, {0: list(reqs.values())})
+    rows = run_collecting_rows(scheduler, {0: list(reqs.values())})
     assert reqs["last"].num_cached_tokens >= len(shared) - 1
     assert reqs["mean"].num_cached_tokens == 0 and reqs["cls"].num_cached_tokens == 0
     for method in POOLING_METHODS:
@@ -188,7 +175,7 @@ def test_mean_survives_a_retraction_mid_prompt(
     ids = prompt(10, 200)
     pooled = pooling_req("pooled", ids, "mean")
     scheduler = make_scheduler(default_model_dir, kv_tokens=320, max_num_batched_tokens=16)
-    rows = run(scheduler, {0: [decoder], 2: [pooled]})
+    rows = run_collecting_rows(scheduler, {0: [decoder], 2: [pooled]})
     assert pooled.num_retractions >= 1
     want = hf_pooled(hf_model, ids, "mean")
     torch.testing.assert_close(only_vector(rows["pooled"]), want, atol=ATOL, rtol=0)
@@ -221,5 +208,5 @@ def test_a_pooling_runner_serves_nothing_else(default_model_dir: Path) -> None:
     with pytest.raises(InvalidArgumentError) as err:
         scheduler.add_request(make_req("chat", [0, 5, 6], max_new_tokens=4))
     assert err.value.field == "pooling" and "--runner pooling" in err.value.message
-    rows = run(scheduler, {0: [pooling_req("embed", [0, 5, 6], "last")]})
+    rows = run_collecting_rows(scheduler, {0: [pooling_req("embed", [0, 5, 6], "last")]})
     assert len(only_vector(rows["embed"])) == scheduler.limits.hidden_size == 256

@@ -22,7 +22,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from services.common.errors import InvalidArgumentError
 from services.scheduler.core.output_row import OutputRow
 from services.scheduler.core.req import Req
-from services.scheduler.core.scheduler import Scheduler
 from services.scheduler.sampling.prompt_logprobs import (
     ROWS_PER_PASS,
     PromptLogprob,
@@ -30,10 +29,10 @@ from services.scheduler.sampling.prompt_logprobs import (
     score_rows,
 )
 from tests.scheduler.factories import (
-    assert_kv_conserved,
     assert_kv_returns_to_pool,
     make_req,
     make_scheduler,
+    run_collecting_rows,
 )
 
 MIN_ATOL = 1e-4
@@ -65,21 +64,6 @@ def scoring_req(rid: str, prompt: list[int], start: int, **params: object) -> Re
     req = make_req(rid, prompt, temperature=0.0, **{"max_new_tokens": 0, **params})
     req.prompt_logprobs = PromptLogprobState.create(prompt, start, NUM_TOP)
     return req
-
-
-def run(scheduler: Scheduler, arrivals: dict[int, list[Req]]) -> dict[str, list[OutputRow]]:
-    """Step until idle, adding ``arrivals[step]`` first; every row per rid."""
-    rows: dict[str, list[OutputRow]] = {}
-    step = 0
-    while scheduler.has_work or any(s >= step for s in arrivals):
-        for req in arrivals.get(step, []):
-            scheduler.add_request(req)
-        for row in scheduler.step():
-            rows.setdefault(row.rid, []).append(row)
-        assert_kv_conserved(scheduler)
-        step += 1
-        assert step < 5000, "scheduler did not finish"
-    return rows
 
 
 def prompt_entries(rows: list[OutputRow]) -> list[PromptLogprob]:
@@ -126,7 +110,7 @@ def test_prompt_longer_than_a_chunk_matches_hf(hf_model, encode, default_model_d
     prompt = encode(TABLE)
     assert len(prompt) > 4 * 64
     scheduler = make_scheduler(default_model_dir, max_num_batched_tokens=64)
-    rows = run(scheduler, {0: [scoring_req("table", prompt, 0)]})["table"]
+    rows = run_collecting_rows(scheduler, {0: [scoring_req("table", prompt, 0)]})["table"]
     assert_matches_hf(hf_model, prompt, 0, prompt_entries(rows))
     assert rows[-1].finish is not None and rows[-1].finish.kind == "length"
     assert rows[-1].new_token_ids == () and rows[-1].num_output_tokens == 0
@@ -140,13 +124,15 @@ def test_prompts_partly_served_from_the_prefix_cache_match_hf(
     full = encode(SYSTEM + "What is two plus two? " + TABLE[:200])
     assert full[: len(prefix) - 1] == prefix[:-1]
     scheduler = make_scheduler(default_model_dir, max_num_batched_tokens=64)
-    run(scheduler, {0: [make_req("prefix", prefix, temperature=0.0, max_new_tokens=2)]})
+    run_collecting_rows(
+        scheduler, {0: [make_req("prefix", prefix, temperature=0.0, max_new_tokens=2)]}
+    )
     # Scored from inside the cached prefix: the cache serves KV up to start - 1 only.
     start = len(prefix) - 10
     late = scoring_req("late", full, start)
     # Scored from the beginning: nothing may come from the cache.
     whole = scoring_req("whole", full, 0, max_new_tokens=3)
-    rows = run(scheduler, {0: [late], 30: [whole]})
+    rows = run_collecting_rows(scheduler, {0: [late], 30: [whole]})
     assert late.num_cached_tokens == start - 1
     assert whole.num_cached_tokens == 0
     assert_matches_hf(hf_model, full, start, prompt_entries(rows["late"]))
@@ -168,7 +154,7 @@ def test_retraction_mid_prompt_neither_repeats_nor_loses_entries(
     prompt = encode(TABLE)[:200]
     scorer = scoring_req("scorer", prompt, 5)
     scheduler = make_scheduler(default_model_dir, kv_tokens=320, max_num_batched_tokens=16)
-    rows = run(scheduler, {0: [decoder], 2: [scorer]})
+    rows = run_collecting_rows(scheduler, {0: [decoder], 2: [scorer]})
     assert scorer.num_retractions >= 1
     assert_matches_hf(hf_model, prompt, 5, prompt_entries(rows["scorer"]))
     assert_kv_returns_to_pool(scheduler)
