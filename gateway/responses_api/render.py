@@ -10,6 +10,7 @@ from google.protobuf import json_format
 from tokenline.v1 import responses_pb2
 
 from gateway.errors import GatewayError
+from gateway.sse import KEEPALIVE_COMMENT
 
 
 def _tool(tool: responses_pb2.ResponsesTool) -> dict[str, Any]:
@@ -121,13 +122,14 @@ def _frame(name: str, payload: dict[str, Any]) -> bytes:
 
 
 class ResponseFrames:
-    """The stream's SSE frames. OpenAI ends a Responses stream with its last event (no
-    ``[DONE]``); a failure after the first frame is one ``error`` event."""
+    """The stream's SSE frames (a ``gateway/sse.py`` Framer). OpenAI ends a Responses
+    stream with its last event (no ``[DONE]``); a failure after the first frame is one
+    ``error`` event; the keep-alive is an SSE comment."""
 
     def __init__(self) -> None:
         self._next_seq = 0
 
-    def __call__(self, event: responses_pb2.ResponseStreamEvent) -> bytes:
+    def event(self, event: responses_pb2.ResponseStreamEvent) -> bytes:
         self._next_seq = event.sequence_number + 1
         return _frame(event.type, event_to_dict(event))
 
@@ -137,3 +139,6 @@ class ResponseFrames:
     def fail(self, err: GatewayError) -> bytes:
         body = {"type": "error", "sequence_number": self._next_seq, **err.body()}
         return _frame("error", body)
+
+    def keepalive(self) -> bytes:
+        return KEEPALIVE_COMMENT

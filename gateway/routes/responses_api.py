@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 from tokenline.v1 import responses_pb2
 
 from gateway.client import FrontendClient, until_disconnected
@@ -15,7 +15,7 @@ from gateway.responses_api.bodies import ResponseObject
 from gateway.responses_api.convert import responses_request_to_proto
 from gateway.responses_api.render import ResponseFrames, response_to_dict
 from gateway.responses_api.schemas import ResponsesBody
-from gateway.sse import stream_response
+from gateway.sse import respond
 
 router = APIRouter(tags=["openai"])
 
@@ -41,12 +41,14 @@ async def create_response(body: ResponsesBody, request: Request) -> Response:
     check_extra_fields(body)
     proto = responses_request_to_proto(body, rid)
     options = client.options(rid)
-    if body.stream:
-        frames = ResponseFrames()
-        call = client.stub.ResponsesCreateStream(proto, **options)
-        return await stream_response(request, call, frames, end=frames.end, fail=frames.fail)
-    unary = client.stub.ResponsesCreate(proto, **options)
-    return JSONResponse(response_to_dict(await until_disconnected(request, unary, unary)))
+    return await respond(
+        request,
+        stream=body.stream,
+        start_stream=partial(client.stub.ResponsesCreateStream, proto, **options),
+        start_unary=partial(client.stub.ResponsesCreate, proto, **options),
+        framer=ResponseFrames(),
+        render_whole=response_to_dict,
+    )
 
 
 @router.get(

@@ -98,10 +98,10 @@ def test_frames_name_the_event_and_a_failure_continues_the_sequence() -> None:
     event = responses_pb2.ResponseStreamEvent(
         type="response.completed", sequence_number=7, response=_response()
     )
-    head, data = frames(event).decode().split("\n", 1)
+    head, data = frames.event(event).decode().split("\n", 1)
     assert head == "event: response.completed"
     assert json.loads(data.removeprefix("data: "))["response"]["status"] == "incomplete"
-    assert frames.end() == b""
+    assert frames.end() == b"" and frames.keepalive() == b": keep-alive\n\n"
     failed = frames.fail(GatewayError(500, "boom")).decode()
     assert failed.startswith("event: error\n")
     body = json.loads(failed.split("data: ", 1)[1])
