@@ -34,9 +34,12 @@ def _format(fmt: responses_pb2.ResponsesTextFormat) -> dict[str, Any]:
 
 
 def item_to_dict(item: responses_pb2.ResponseOutputItem) -> dict[str, Any]:
+    """An output item, or an input item of ``input_items``."""
     head = {"type": item.type, "id": item.id, "status": item.status}
     if item.type == "function_call":
         return head | {"call_id": item.call_id, "name": item.name, "arguments": item.arguments}
+    if item.type == "function_call_output":
+        return head | {"call_id": item.call_id, "output": item.output}
     if item.type == "reasoning":
         text = [{"type": "reasoning_text", "text": item.reasoning_text}]
         return head | {"summary": [], "content": text}
@@ -44,6 +47,8 @@ def item_to_dict(item: responses_pb2.ResponseOutputItem) -> dict[str, Any]:
 
 
 def _part(part: responses_pb2.ResponseOutputText) -> dict[str, Any]:
+    if part.type != "output_text":  # an input item's input_text
+        return {"type": part.type, "text": part.text}
     return {"type": part.type, "text": part.text, "annotations": [], "logprobs": []}
 
 
@@ -70,7 +75,7 @@ def response_to_dict(response: responses_pb2.Response) -> dict[str, Any]:
         "created_at": response.created_at,
         "model": response.model,
         "status": response.status,
-        "error": None,
+        "error": _error(response),
         "incomplete_details": {"reason": reason} if reason else None,
         "instructions": response.instructions or None,
         "max_output_tokens": _optional(response, "max_output_tokens"),
@@ -85,6 +90,24 @@ def response_to_dict(response: responses_pb2.Response) -> dict[str, Any]:
         "metadata": {},
         "store": response.store,
         "previous_response_id": response.previous_response_id or None,
+        "background": response.background,
+    }
+
+
+def _error(response: responses_pb2.Response) -> dict[str, str] | None:
+    if not response.HasField("error"):
+        return None
+    return {"code": response.error.code, "message": response.error.message}
+
+
+def item_list_to_dict(page: responses_pb2.ResponseItemList) -> dict[str, Any]:
+    """``GET /v1/responses/{id}/input_items``: OpenAI's list."""
+    return {
+        "object": "list",
+        "data": [item_to_dict(i) for i in page.data],
+        "first_id": page.first_id or None,
+        "last_id": page.last_id or None,
+        "has_more": page.has_more,
     }
 
 
