@@ -101,7 +101,8 @@ class ResponsesServing:
             response.status = "cancelled"
         elif response.status != "cancelled":
             raise InvalidArgumentError(
-                f"Cannot cancel a {response.status} response.", field="response_id"
+                f"Cannot cancel a response that is already {response.status}.",
+                field="response_id",
             )
         return response
 

@@ -14,6 +14,7 @@ from tokenline.v1 import openai_pb2, responses_pb2
 from services.common.errors import InvalidArgumentError
 from services.frontend.serving.chat import ChatServing
 from services.frontend.serving.responses import ResponsesServing
+from tests.waiting import eventually
 
 
 class ScriptedChat:
@@ -59,11 +60,6 @@ def _background(**fields: Any) -> responses_pb2.ResponsesRequest:
     return responses_pb2.ResponsesRequest(input_text="hi", background=True, **fields)
 
 
-async def _until(predicate: Any) -> None:
-    while not predicate():
-        await asyncio.sleep(0)
-
-
 async def test_a_background_response_answers_in_progress_then_completes(
     serving: ResponsesServing, chat: ScriptedChat
 ) -> None:
@@ -71,13 +67,13 @@ async def test_a_background_response_answers_in_progress_then_completes(
     assert created.status == "in_progress" and created.background and not created.output
     for piece in ("Hel", "lo", None):
         chat.pieces.put_nowait(piece)
-    await _until(lambda: serving.get(created.id).status != "in_progress")
+    await eventually(lambda: serving.get(created.id).status != "in_progress", what="the end")
     done = serving.get(created.id)
     assert done.status == "completed" and done.output[0].content[0].text == "Hello"
     assert done.usage.total_tokens == 5 and not chat.closed_early.is_set()
     with pytest.raises(InvalidArgumentError) as info:
         serving.cancel(created.id)
-    assert info.value.message == "Cannot cancel a completed response."
+    assert info.value.message == "Cannot cancel a response that is already completed."
     listed = serving.input_items(responses_pb2.ResponsesInputItemsRequest(response_id=created.id))
     assert [(i.type, i.role, i.content[0].text) for i in listed.data] == [("message", "user", "hi")]
 
