@@ -11,7 +11,9 @@ from typing import Any, cast
 import pytest
 from tokenline.v1 import openai_pb2, responses_pb2
 
-from services.common.errors import InvalidArgumentError
+from services.common.auth.api_keys import ApiKey
+from services.common.auth.caller import set_caller
+from services.common.errors import InvalidArgumentError, NotFoundError
 from services.frontend.serving.chat import ChatServing
 from services.frontend.serving.responses import ResponsesServing
 from tests.waiting import eventually
@@ -141,3 +143,26 @@ async def test_a_background_request_cannot_stream(
     with pytest.raises(InvalidArgumentError) as info:
         await anext(serving.stream(_background()))
     assert info.value.field == "background" and chat.num_streams == 0
+
+
+async def test_another_keys_stored_response_is_not_found_for_every_call(
+    serving: ResponsesServing, chat: ScriptedChat
+) -> None:
+    """As for ResponsesGet: a response belongs to the key that made it."""
+    set_caller(ApiKey("alice", "user", b"a"))
+    created = await serving.create(_background())
+    set_caller(ApiKey("bob", "user", b"b"))
+    page = responses_pb2.ResponsesInputItemsRequest(response_id=created.id)
+    for call in (
+        lambda: serving.get(created.id),
+        lambda: serving.input_items(page),
+        lambda: serving.cancel(created.id),
+        lambda: serving.delete(created.id),
+    ):
+        with pytest.raises(NotFoundError) as info:
+            call()
+        assert info.value.field == "response_id" and created.id in info.value.message
+    assert not chat.closed_early.is_set()  # bob's cancel and delete did nothing
+    set_caller(ApiKey("root", "admin", b"r"))
+    assert serving.cancel(created.id).status == "cancelled"
+    await chat.closed_early.wait()
