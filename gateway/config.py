@@ -18,6 +18,7 @@ from services.common.tls import TlsSettings, add_tls_flags, pop_tls_settings
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
+DEFAULT_SSE_KEEPALIVE_S = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,9 @@ class GatewayConfig:
     # Streamed chat and completions over one Multiplex call (gateway/multiplex.py);
     # False: one server-streaming RPC per request.
     multiplex: bool = True
+    # Seconds a stream may stay silent before it gets a keep-alive (an SSE comment, or
+    # Anthropic's ping event); None: never.
+    sse_keepalive_s: float | None = DEFAULT_SSE_KEEPALIVE_S
     log_level: str = "info"
     log_json: bool = False
     # The channel to the frontend; --tls-cert/--tls-key are only its client identity here
@@ -107,6 +111,15 @@ def create_parser() -> argparse.ArgumentParser:
         help="stream chat and completions over one Multiplex call to the frontend "
         "(--no-multiplex: one server-streaming RPC per request)",
     )
+    p.add_argument(
+        "--sse-keepalive",
+        type=_non_negative_float,
+        default=env_default(
+            "TOKENLINE_SSE_KEEPALIVE", DEFAULT_SSE_KEEPALIVE_S, _non_negative_float
+        ),
+        help="seconds a stream may stay silent before a keep-alive (an SSE comment; "
+        "Anthropic's ping event on /v1/messages); 0: none",
+    )
     add_logging_args(p, default_level="info")
     add_tls_flags(p)
     add_cluster_token_flag(p)
@@ -128,6 +141,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> GatewayConfig:
         request_timeout_s=args.request_timeout or None,
         drain_timeout_s=args.drain_timeout,
         multiplex=args.multiplex,
+        sse_keepalive_s=args.sse_keepalive or None,
         log_level=args.log_level.lower(),
         log_json=args.log_json,
         tls=pop_tls_settings(args),

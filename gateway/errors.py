@@ -119,12 +119,13 @@ _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none"})
 
 
 def param_from_loc(loc: Sequence[str | int]) -> tuple[str | None, bool]:
-    """`("body", "messages", 0, "content", "str")` → `("messages[0].content", True)`.
+    """`("body", "messages", 0, "content", "str")` → `("messages[0].content", True)`; a
+    query or path parameter is named alone (`("query", "limit")` → `"limit"`).
 
     The flag says a union member tag cut the path short (no accepted type matched).
     """
     text = ""
-    for part in loc[1:] if loc and loc[0] == "body" else loc:
+    for part in loc[1:] if loc and loc[0] in ("body", "query", "path") else loc:
         if isinstance(part, int):
             text += f"[{part}]"
         elif _FIELD_NAME.match(part) and part not in _TYPE_TAGS:

@@ -63,6 +63,8 @@ DEFAULT_ONLY: dict[str, Any] = {
     "return_tokens_as_token_ids": False,
     "modalities": ["text"],
     "tools[].function.strict": False,
+    # /v1/responses: nothing extra asked (the Agents SDK always sends the list).
+    "include": [],
 }
 
 UNSUPPORTED: dict[str, str] = {

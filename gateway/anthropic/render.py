@@ -104,10 +104,15 @@ def event(name: str, data: dict[str, Any]) -> bytes:
 BlockKind = Literal["text", "tool_use"]
 
 
+PING = event("ping", {})
+
+
 class MessageEvents:
-    """One stream's events, chunk by chunk: called with each chat chunk (its bytes), then
-    ``end()`` after the last, or ``fail(error)`` in its place. Text and each tool call are
-    blocks of their own, opened at their first delta and closed when another begins."""
+    """One stream's events (a ``gateway/sse.py`` Framer): ``event`` with each chat chunk,
+    then ``end()`` after the last, or ``fail(error)`` in its place. Text and each tool call
+    are blocks of their own, opened at their first delta and closed when another begins.
+    A ``ping`` follows ``message_start``, as Anthropic sends one there, and is the
+    keep-alive of a silent stream (the SDKs skip it)."""
 
     def __init__(self, stop_sequences: list[str]) -> None:
         self.stop_sequences = stop_sequences
@@ -117,10 +122,10 @@ class MessageEvents:
         self.finish: tuple[str, str | None] = ("stop", None)
         self.usage = openai_pb2.CompletionUsage()
 
-    def __call__(self, chunk: openai_pb2.ChatCompletionChunk) -> bytes:
+    def event(self, chunk: openai_pb2.ChatCompletionChunk) -> bytes:
         out: list[bytes] = []
         if not self.is_started:
-            out.append(self._start(chunk))
+            out += [self._start(chunk), PING]
         for choice in chunk.choices:
             if choice.delta.content:
                 out += self._text(choice.delta.content)
@@ -148,6 +153,9 @@ class MessageEvents:
         return event(
             "error", {"error": anthropic_error_body(err.status, err.message, err.param)["error"]}
         )
+
+    def keepalive(self) -> bytes:
+        return PING
 
     def _start(self, chunk: openai_pb2.ChatCompletionChunk) -> bytes:
         self.is_started = True

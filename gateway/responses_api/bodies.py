@@ -15,6 +15,11 @@ class ResponseUsageBody(JsonBody):
     total_tokens: int
 
 
+class ResponseErrorBody(JsonBody):
+    code: str
+    message: str
+
+
 class ResponseObject(JsonBody):
     """A ``response``; streamed, ``response.created`` carries it ``in_progress`` and with no
     output, ``response.completed`` / ``response.incomplete`` whole."""
@@ -23,8 +28,8 @@ class ResponseObject(JsonBody):
     object: Literal["response"]
     created_at: int
     model: str
-    status: Literal["in_progress", "completed", "incomplete"]
-    error: None
+    status: Literal["in_progress", "completed", "incomplete", "cancelled", "failed"]
+    error: ResponseErrorBody | None
     incomplete_details: dict[str, str] | None
     instructions: str | None
     max_output_tokens: int | None
@@ -39,3 +44,20 @@ class ResponseObject(JsonBody):
     metadata: dict[str, str]
     store: bool
     previous_response_id: str | None
+    background: bool
+
+
+class ResponseItemListObject(JsonBody):
+    """A page of a response's input items, in ``order`` (newest first by default)."""
+
+    object: Literal["list"]
+    data: list[dict[str, Any]]  # message | function_call | function_call_output items
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class ResponseDeletedObject(JsonBody):
+    id: str
+    object: Literal["response"]
+    deleted: bool

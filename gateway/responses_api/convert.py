@@ -22,6 +22,7 @@ def _item(item: InputItemBody) -> responses_pb2.ResponsesInputItem:
         name=item.name or "",
         arguments=item.arguments or "",
         output=item.output or "",
+        id=item.id or "",
     )
     content_into(out, item.content)
     return out
@@ -68,6 +69,7 @@ def responses_request_to_proto(
         "parallel_tool_calls",
         "seed",
         "store",
+        "background",
     ):
         value = getattr(body, name)
         if value is not None:

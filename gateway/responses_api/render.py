@@ -10,6 +10,7 @@ from google.protobuf import json_format
 from tokenline.v1 import responses_pb2
 
 from gateway.errors import GatewayError
+from gateway.sse import KEEPALIVE_COMMENT
 
 
 def _tool(tool: responses_pb2.ResponsesTool) -> dict[str, Any]:
@@ -33,9 +34,12 @@ def _format(fmt: responses_pb2.ResponsesTextFormat) -> dict[str, Any]:
 
 
 def item_to_dict(item: responses_pb2.ResponseOutputItem) -> dict[str, Any]:
+    """An output item, or an input item of ``input_items``."""
     head = {"type": item.type, "id": item.id, "status": item.status}
     if item.type == "function_call":
         return head | {"call_id": item.call_id, "name": item.name, "arguments": item.arguments}
+    if item.type == "function_call_output":
+        return head | {"call_id": item.call_id, "output": item.output}
     if item.type == "reasoning":
         text = [{"type": "reasoning_text", "text": item.reasoning_text}]
         return head | {"summary": [], "content": text}
@@ -43,6 +47,8 @@ def item_to_dict(item: responses_pb2.ResponseOutputItem) -> dict[str, Any]:
 
 
 def _part(part: responses_pb2.ResponseOutputText) -> dict[str, Any]:
+    if part.type != "output_text":  # an input item's input_text
+        return {"type": part.type, "text": part.text}
     return {"type": part.type, "text": part.text, "annotations": [], "logprobs": []}
 
 
@@ -69,7 +75,7 @@ def response_to_dict(response: responses_pb2.Response) -> dict[str, Any]:
         "created_at": response.created_at,
         "model": response.model,
         "status": response.status,
-        "error": None,
+        "error": _error(response),
         "incomplete_details": {"reason": reason} if reason else None,
         "instructions": response.instructions or None,
         "max_output_tokens": _optional(response, "max_output_tokens"),
@@ -84,6 +90,24 @@ def response_to_dict(response: responses_pb2.Response) -> dict[str, Any]:
         "metadata": {},
         "store": response.store,
         "previous_response_id": response.previous_response_id or None,
+        "background": response.background,
+    }
+
+
+def _error(response: responses_pb2.Response) -> dict[str, str] | None:
+    if not response.HasField("error"):
+        return None
+    return {"code": response.error.code, "message": response.error.message}
+
+
+def item_list_to_dict(page: responses_pb2.ResponseItemList) -> dict[str, Any]:
+    """``GET /v1/responses/{id}/input_items``: OpenAI's list."""
+    return {
+        "object": "list",
+        "data": [item_to_dict(i) for i in page.data],
+        "first_id": page.first_id or None,
+        "last_id": page.last_id or None,
+        "has_more": page.has_more,
     }
 
 
@@ -121,13 +145,14 @@ def _frame(name: str, payload: dict[str, Any]) -> bytes:
 
 
 class ResponseFrames:
-    """The stream's SSE frames. OpenAI ends a Responses stream with its last event (no
-    ``[DONE]``); a failure after the first frame is one ``error`` event."""
+    """The stream's SSE frames (a ``gateway/sse.py`` Framer). OpenAI ends a Responses
+    stream with its last event (no ``[DONE]``); a failure after the first frame is one
+    ``error`` event; the keep-alive is an SSE comment."""
 
     def __init__(self) -> None:
         self._next_seq = 0
 
-    def __call__(self, event: responses_pb2.ResponseStreamEvent) -> bytes:
+    def event(self, event: responses_pb2.ResponseStreamEvent) -> bytes:
         self._next_seq = event.sequence_number + 1
         return _frame(event.type, event_to_dict(event))
 
@@ -137,3 +162,6 @@ class ResponseFrames:
     def fail(self, err: GatewayError) -> bytes:
         body = {"type": "error", "sequence_number": self._next_seq, **err.body()}
         return _frame("error", body)
+
+    def keepalive(self) -> bytes:
+        return KEEPALIVE_COMMENT

@@ -37,7 +37,9 @@ class InputItemBody(_Body):
     name: str | None = None
     arguments: str | None = Field(None, description="function_call: JSON text")
     output: str | None = Field(None, description="function_call_output: the call's result")
-    id: str | None = _ignored("an earlier output item's id")
+    id: str | None = Field(
+        None, description="an earlier output item's id: kept as the item's id in input_items"
+    )
     status: str | None = _ignored("an earlier output item's status")
 
 
@@ -90,4 +92,9 @@ class ResponsesBody(_Body):
     )
     previous_response_id: str | None = Field(
         None, description="continue this stored response; 404 naming it when unknown or expired"
+    )
+    background: bool | None = Field(
+        None,
+        description="run detached: answered `in_progress` once dispatched; poll GET, cancel "
+        "with POST .../cancel. Needs `store` (not false), not with `stream`",
     )

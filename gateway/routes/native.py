@@ -32,7 +32,7 @@ from gateway.responses import (
     TokenizeResponse,
 )
 from gateway.schemas import DetokenizeBody, GenerateBody, TokenizeBody
-from gateway.sse import respond
+from gateway.sse import DataFrames, respond
 
 router = APIRouter()
 HEALTH_GENERATE_TIMEOUT_S = 10.0
@@ -62,7 +62,7 @@ async def generate(body: GenerateBody, request: Request) -> Response:
         stream=proto.stream,
         start_stream=partial(client.stub.GenerateStream, proto, **options),
         start_unary=partial(client.stub.Generate, proto, **options),
-        render_frame=renderer.frame,
+        framer=DataFrames(renderer.frame),
         render_whole=renderer.whole,
     )
 

@@ -24,7 +24,7 @@ from gateway.render.openai import (
 from gateway.render.text_frames import CHAT_TEXT, COMPLETION_TEXT
 from gateway.responses import ChatCompletion, ChatCompletionChunk, Completion, Model, ModelList
 from gateway.schemas import ChatCompletionBody, CompletionBody, SharedRequestBody
-from gateway.sse import respond
+from gateway.sse import DataFrames, respond
 from services.common.envs import TRUE_WORDS
 
 router = APIRouter(tags=["openai"])
@@ -61,14 +61,13 @@ async def chat_completions(body: ChatCompletionBody, request: Request) -> Respon
         stream=body.stream,
         start_stream=client.stream_starter("chat", proto, rid),
         start_unary=partial(client.stub.ChatCompletion, proto, **options),
-        render_frame=partial(
-            chat_chunk,
-            include_usage=_include_usage(body),
-            logprobs=body.logprobs,
-            debug=debug,
+        framer=DataFrames(
+            partial(
+                chat_chunk, include_usage=_include_usage(body), logprobs=body.logprobs, debug=debug
+            ),
+            CHAT_TEXT,
         ),
         render_whole=partial(chat_completion_to_dict, logprobs=body.logprobs, debug=debug),
-        text_slot=CHAT_TEXT,
     )
 
 
@@ -96,9 +95,8 @@ async def completions(body: CompletionBody, request: Request) -> Response:
         stream=body.stream,
         start_stream=client.stream_starter("completion", proto, rid),
         start_unary=partial(client.stub.Completion, proto, **options),
-        render_frame=partial(text_completion, **shape),
+        framer=DataFrames(partial(text_completion, **shape), COMPLETION_TEXT),
         render_whole=partial(completion_to_dict, **shape),
-        text_slot=COMPLETION_TEXT,
     )
 
 

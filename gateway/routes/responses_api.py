@@ -1,21 +1,28 @@
-"""OpenAI's Responses API: one route onto the frontend's ResponsesCreate RPCs."""
+"""OpenAI's Responses API: create, retrieve, list input items, delete and cancel, each onto
+its frontend RPC (ResponsesCreate[Stream], ResponsesGet, ResponsesInputItems,
+ResponsesDelete, ResponsesCancel)."""
 
 from __future__ import annotations
 
-from typing import Any
+from functools import partial
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Query, Request, Response
 from tokenline.v1 import responses_pb2
 
 from gateway.client import FrontendClient, until_disconnected
+from gateway.errors import GatewayError
 from gateway.extra_fields import check_extra_fields
 from gateway.openapi import GENERATION_ERRORS, READ_ERRORS, error_responses, responses
-from gateway.responses_api.bodies import ResponseObject
+from gateway.responses_api.bodies import (
+    ResponseDeletedObject,
+    ResponseItemListObject,
+    ResponseObject,
+)
 from gateway.responses_api.convert import responses_request_to_proto
-from gateway.responses_api.render import ResponseFrames, response_to_dict
+from gateway.responses_api.render import ResponseFrames, item_list_to_dict, response_to_dict
 from gateway.responses_api.schemas import ResponsesBody
-from gateway.sse import stream_response
+from gateway.sse import respond
 
 router = APIRouter(tags=["openai"])
 
@@ -41,12 +48,14 @@ async def create_response(body: ResponsesBody, request: Request) -> Response:
     check_extra_fields(body)
     proto = responses_request_to_proto(body, rid)
     options = client.options(rid)
-    if body.stream:
-        frames = ResponseFrames()
-        call = client.stub.ResponsesCreateStream(proto, **options)
-        return await stream_response(request, call, frames, end=frames.end, fail=frames.fail)
-    unary = client.stub.ResponsesCreate(proto, **options)
-    return JSONResponse(response_to_dict(await until_disconnected(request, unary, unary)))
+    return await respond(
+        request,
+        stream=body.stream,
+        start_stream=partial(client.stub.ResponsesCreateStream, proto, **options),
+        start_unary=partial(client.stub.ResponsesCreate, proto, **options),
+        framer=ResponseFrames(),
+        render_whole=response_to_dict,
+    )
 
 
 @router.get(
@@ -59,4 +68,80 @@ async def retrieve_response(response_id: str, request: Request) -> dict[str, Any
     client: FrontendClient = request.state.frontend
     proto = responses_pb2.ResponsesGetRequest(response_id=response_id)
     call = client.stub.ResponsesGet(proto, **client.options(request.state.request_id))
+    return response_to_dict(await until_disconnected(request, call, call))
+
+
+@router.get(
+    "/v1/responses/{response_id}/input_items",
+    response_model=None,
+    responses=responses(
+        ResponseItemListObject, "A page of the response's input items.", (400, 404, *READ_ERRORS)
+    ),
+)
+async def list_input_items(
+    response_id: str,
+    request: Request,
+    limit: Annotated[int | None, Query(description="1 to 100; default 20")] = None,
+    order: Annotated[
+        str | None, Query(description='"asc" | "desc" (the default: newest first)')
+    ] = None,
+    after: Annotated[str | None, Query(description="an item id: list the items after it")] = None,
+) -> dict[str, Any]:
+    """The input items of a stored response: the conversation it continued and its own
+    input, without its instructions; 404 naming the id as GET. Any other parameter
+    (``include``: this server has no includable fields) is a 400 naming it."""
+    _check_query(request, {"limit", "order", "after"})
+    client: FrontendClient = request.state.frontend
+    proto = responses_pb2.ResponsesInputItemsRequest(
+        response_id=response_id, order=order or "", after=after or ""
+    )
+    if limit is not None:
+        try:
+            proto.limit = limit
+        except ValueError:
+            raise GatewayError(
+                400, f"limit: must be between 1 and 100, got {limit}", param="limit"
+            ) from None
+    call = client.stub.ResponsesInputItems(proto, **client.options(request.state.request_id))
+    return item_list_to_dict(await until_disconnected(request, call, call))
+
+
+def _check_query(request: Request, known: set[str]) -> None:
+    for key in request.query_params:
+        name = key.removesuffix("[]")  # the openai SDK writes lists as include[]=...
+        if name not in known:
+            raise GatewayError(
+                400,
+                f"{name}: not supported on this route",
+                param=name,
+                code="unsupported_field",
+            )
+
+
+@router.delete(
+    "/v1/responses/{response_id}",
+    response_model=None,
+    responses=responses(ResponseDeletedObject, "Deleted.", (404, *READ_ERRORS)),
+)
+async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
+    """Forget a stored response (a background one still running is cancelled); 404 naming
+    the id as GET."""
+    client: FrontendClient = request.state.frontend
+    proto = responses_pb2.ResponsesDeleteRequest(response_id=response_id)
+    call = client.stub.ResponsesDelete(proto, **client.options(request.state.request_id))
+    deleted = await until_disconnected(request, call, call)
+    return {"id": deleted.id, "object": "response", "deleted": deleted.deleted}
+
+
+@router.post(
+    "/v1/responses/{response_id}/cancel",
+    response_model=None,
+    responses=responses(ResponseObject, "The response, `cancelled`.", (400, 404, *READ_ERRORS)),
+)
+async def cancel_response(response_id: str, request: Request) -> dict[str, Any]:
+    """Cancel a `background` response while it runs (its request is aborted); any other
+    response is a 400, as OpenAI's: "Cannot cancel a synchronous response."."""
+    client: FrontendClient = request.state.frontend
+    proto = responses_pb2.ResponsesCancelRequest(response_id=response_id)
+    call = client.stub.ResponsesCancel(proto, **client.options(request.state.request_id))
     return response_to_dict(await until_disconnected(request, call, call))

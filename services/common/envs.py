@@ -68,6 +68,10 @@ ENV_VARS: dict[str, EnvVar] = {
             "TOKENLINE_MULTIPLEX",
             "gateway: 0 for one frontend RPC per stream instead of one Multiplex call",
         ),
+        EnvVar(
+            "TOKENLINE_SSE_KEEPALIVE",
+            "gateway: seconds a stream may stay silent before a keep-alive (0: none)",
+        ),
         EnvVar("TOKENLINE_TOOL_CALL_PARSER", "frontend: tool-call syntax to read (hermes, ...)"),
         EnvVar("TOKENLINE_REASONING_PARSER", "frontend: reasoning syntax to read (qwen3, ...)"),
         EnvVar("TOKENLINE_TLS_CERT", "PEM certificate a service serves (turns TLS on)"),

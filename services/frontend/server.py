@@ -111,6 +111,18 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
         return self.responses.get(request.response_id)
 
     @grpc_errors
+    async def ResponsesInputItems(self, request, context):  # noqa: N802
+        return self.responses.input_items(request)
+
+    @grpc_errors
+    async def ResponsesDelete(self, request, context):  # noqa: N802
+        return self.responses.delete(request.response_id)
+
+    @grpc_errors
+    async def ResponsesCancel(self, request, context):  # noqa: N802
+        return self.responses.cancel(request.response_id)
+
+    @grpc_errors
     async def Embed(self, request, context):  # noqa: N802
         return await self.embeddings.embed(request)
 

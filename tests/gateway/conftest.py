@@ -47,6 +47,20 @@ def stream_gateway_url(
 
 
 @pytest.fixture(scope="session")
+def keepalive_gateway_url(fake_frontend: FakeFrontend) -> Iterator[str]:
+    """A gateway like `gateway_url` whose silent streams get a keep-alive every 50 ms."""
+    config = GatewayConfig(
+        frontend_addr=fake_frontend.address,
+        max_body_bytes=1 << 20,
+        request_timeout_s=10.0,
+        sse_keepalive_s=0.05,
+    )
+    server = GatewayServer(config).start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def strict_gateway(fake_frontend: FakeFrontend) -> Iterator[StrictGateway]:
     spec = StrictGateway(url="")
     config = GatewayConfig(

@@ -307,6 +307,15 @@ class FakeFrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
     async def ResponsesGet(self, request: Any, context: Any) -> Any:
         return await self._empty_reply("ResponsesGet", request, context)
 
+    async def ResponsesInputItems(self, request: Any, context: Any) -> Any:
+        return await self._empty_reply("ResponsesInputItems", request, context)
+
+    async def ResponsesDelete(self, request: Any, context: Any) -> Any:
+        return await self._empty_reply("ResponsesDelete", request, context)
+
+    async def ResponsesCancel(self, request: Any, context: Any) -> Any:
+        return await self._empty_reply("ResponsesCancel", request, context)
+
     async def Embed(self, request: Any, context: Any) -> Any:
         return await self._empty_reply("Embed", request, context)
 

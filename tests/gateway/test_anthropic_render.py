@@ -85,18 +85,18 @@ def test_a_stream_of_text_then_a_tool_call() -> None:
     first = chunk(delta=openai_pb2.ChatDelta(role="assistant", content=""))
     first.prompt_token_ids.extend([1, 2, 3])
     frames = [
-        events(first),
-        events(chunk(delta=openai_pb2.ChatDelta(content="Hel"))),
-        events(chunk(delta=openai_pb2.ChatDelta(content="lo"))),
-        events(chunk(delta=tool_delta(0, '{"a"', call_id="call_1", name="f"))),
-        events(chunk(delta=tool_delta(0, ": 1}"))),
-        events(chunk(delta=openai_pb2.ChatDelta(), finish_reason="tool_calls")),
-        events(openai_pb2.ChatCompletionChunk(id="chatcmpl-abc", model="m", usage=USAGE)),
+        events.event(first),
+        events.event(chunk(delta=openai_pb2.ChatDelta(content="Hel"))),
+        events.event(chunk(delta=openai_pb2.ChatDelta(content="lo"))),
+        events.event(chunk(delta=tool_delta(0, '{"a"', call_id="call_1", name="f"))),
+        events.event(chunk(delta=tool_delta(0, ": 1}"))),
+        events.event(chunk(delta=openai_pb2.ChatDelta(), finish_reason="tool_calls")),
+        events.event(openai_pb2.ChatCompletionChunk(id="chatcmpl-abc", model="m", usage=USAGE)),
         events.end(),
     ]
     got = parse(b"".join(frames))
     assert [(e["type"], e.get("index")) for e in got] == [
-        ("message_start", None),
+        ("message_start", None), ("ping", None),
         ("content_block_start", 0), ("content_block_delta", 0), ("content_block_delta", 0),
         ("content_block_stop", 0),
         ("content_block_start", 1), ("content_block_delta", 1), ("content_block_delta", 1),
@@ -106,16 +106,17 @@ def test_a_stream_of_text_then_a_tool_call() -> None:
     start = got[0]["message"]
     assert start["id"] == "msg_abc" and start["content"] == [] and start["stop_reason"] is None
     assert start["usage"] == {"input_tokens": 3, "output_tokens": 0}
-    assert "".join(e["delta"].get("text", "") for e in got[2:4]) == "Hello"
-    assert got[5]["content_block"] == {"type": "tool_use", "id": "call_1", "name": "f", "input": {}}
-    assert "".join(e["delta"]["partial_json"] for e in got[6:8]) == '{"a": 1}'
+    assert got[1] == {"type": "ping"} and parse(events.keepalive()) == [{"type": "ping"}]
+    assert "".join(e["delta"].get("text", "") for e in got[3:5]) == "Hello"
+    assert got[6]["content_block"] == {"type": "tool_use", "id": "call_1", "name": "f", "input": {}}
+    assert "".join(e["delta"]["partial_json"] for e in got[7:9]) == '{"a": 1}'
     assert got[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
     assert got[-2]["usage"] == {"input_tokens": 9, "output_tokens": 3}
 
 
 def test_a_stream_stopped_by_a_stop_sequence() -> None:
     events = MessageEvents(["\n"])
-    frames = events(chunk(delta=openai_pb2.ChatDelta(content="x"))) + events(
+    frames = events.event(chunk(delta=openai_pb2.ChatDelta(content="x"))) + events.event(
         chunk(delta=openai_pb2.ChatDelta(), finish_reason="stop", matched_str="\n")
     )
     got = parse(frames + events.end())
@@ -124,12 +125,12 @@ def test_a_stream_stopped_by_a_stop_sequence() -> None:
 
 def test_a_failure_is_one_error_event() -> None:
     events = MessageEvents([])
-    events(chunk(delta=openai_pb2.ChatDelta(content="x")))
+    events.event(chunk(delta=openai_pb2.ChatDelta(content="x")))
     (error,) = parse(events.fail(GatewayError(503, "the frontend service is unreachable")))
     assert error == {
         "type": "error",
         "error": {"type": "overloaded_error", "message": "the frontend service is unreachable"},
     }
     aborted = MessageEvents([])
-    aborted(chunk(delta=openai_pb2.ChatDelta(), finish_reason="abort", matched_str="evicted"))
+    aborted.event(chunk(delta=openai_pb2.ChatDelta(), finish_reason="abort", matched_str="evicted"))
     assert [e["type"] for e in parse(aborted.end())] == ["error"]

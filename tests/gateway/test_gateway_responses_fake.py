@@ -9,6 +9,7 @@ import json
 import grpc
 import httpx
 import openai
+import pytest
 from fake_frontend import MODEL_ID, PIECES, FakeFrontendServicer
 
 BODY = {"model": MODEL_ID, "input": "hi", "instructions": "brief", "max_output_tokens": 9}
@@ -52,3 +53,35 @@ def test_a_failure_mid_stream_is_one_error_event(
     body = json.loads(data.removeprefix("data: "))
     assert body["sequence_number"] == 2 and body["error"]["message"]
     assert "response.completed" not in resp.text
+
+
+def test_the_sdks_stored_response_calls_reach_their_rpcs(
+    gateway_url: str, fake: FakeFrontendServicer
+) -> None:
+    """retrieve / input_items.list / delete / cancel: each its own RPC, the id and paging
+    passed as sent, and the (empty) replies read back by the SDK's own models."""
+    client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="x", max_retries=0)
+    page = client.responses.input_items.list("resp_a", limit=3, order="asc", after="msg_1")
+    assert page.data == [] and page.has_more is False
+    sent = fake.observed.last("ResponsesInputItems")
+    assert (sent.response_id, sent.limit, sent.order, sent.after) == ("resp_a", 3, "asc", "msg_1")
+    assert client.responses.delete("resp_b") is None
+    assert fake.observed.last("ResponsesDelete").response_id == "resp_b"
+    client.responses.cancel("resp_c")
+    assert fake.observed.last("ResponsesCancel").response_id == "resp_c"
+
+
+def test_background_is_forwarded(gateway_url: str, fake: FakeFrontendServicer) -> None:
+    resp = httpx.post(f"{gateway_url}/v1/responses", json=BODY | {"background": True})
+    assert resp.status_code == 200
+    assert fake.observed.last("ResponsesCreate").background is True
+
+
+def test_input_items_refuse_include_and_an_out_of_range_limit(gateway_url: str) -> None:
+    client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.input_items.list("resp_a", include=["message.input_image.image_url"])
+    assert info.value.body["param"] == "include"  # type: ignore[index]
+    for query, param in (("limit=abc", "limit"), ("limit=99999999999", "limit"), ("x=1", "x")):
+        resp = httpx.get(f"{gateway_url}/v1/responses/resp_a/input_items?{query}")
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text

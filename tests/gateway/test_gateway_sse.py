@@ -130,3 +130,50 @@ async def test_client_disconnect_cancels_unary_call(
         with pytest.raises(httpx.ReadTimeout):
             await http.post(f"{stream_gateway_url}/v1/chat/completions", json=body)
     assert fake.observed.cancelled.wait(timeout=2.0), "unary frontend call was not cancelled"
+
+
+KEEPALIVE_CASES = [
+    ("/v1/chat/completions", CHAT, b": keep-alive\n\n"),
+    (
+        "/v1/messages",
+        {"model": "m", "max_tokens": 8, "stream": True, "messages": CHAT["messages"]},
+        b'event: ping\ndata: {"type":"ping"}\n\n',
+    ),
+    ("/v1/responses", {"model": "m", "input": "hi", "stream": True}, b": keep-alive\n\n"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "keepalive"), KEEPALIVE_CASES)
+async def test_a_silent_stream_gets_keepalives_between_whole_frames(
+    keepalive_gateway_url: str,
+    fake: FakeFrontendServicer,
+    path: str,
+    body: dict[str, Any],
+    keepalive: bytes,
+) -> None:
+    """The fake sends two messages and then nothing: the stream carries on with the
+    route's keep-alive (read until three came; each wait is on bytes, not on a clock),
+    every one between whole frames, and leaving still cancels the call upstream."""
+    fake.script.hang_after = 2
+    raw = b""
+    async with (
+        httpx.AsyncClient(timeout=10) as http,
+        http.stream("POST", f"{keepalive_gateway_url}{path}", json=body) as resp,
+    ):
+        assert resp.status_code == 200
+        async for part in resp.aiter_bytes():
+            raw += part
+            if raw.endswith(keepalive * 3):
+                break
+    frames = [frame + b"\n\n" for frame in raw.split(b"\n\n")]
+    assert frames.pop() == b"\n\n"  # the bytes read end at a frame's end
+    assert frames[-3:] == [keepalive] * 3
+    others = [f for f in frames if f != keepalive]
+    assert others and all(f.startswith((b"data: ", b"event: ")) for f in others)
+    assert fake.observed.cancelled.wait(timeout=30.0), "frontend call was not cancelled"
+
+
+async def test_no_keepalive_while_frames_flow(keepalive_gateway_url: str) -> None:
+    """A stream that never goes silent is the frames alone."""
+    resp = httpx.post(f"{keepalive_gateway_url}/v1/chat/completions", json=CHAT, timeout=10)
+    assert _frames(resp.content)[-1] == "[DONE]"

@@ -11,7 +11,12 @@ from tokenline.v1 import responses_pb2
 
 from gateway.errors import GatewayError
 from gateway.responses_api.convert import responses_request_to_proto
-from gateway.responses_api.render import ResponseFrames, event_to_dict, response_to_dict
+from gateway.responses_api.render import (
+    ResponseFrames,
+    event_to_dict,
+    item_list_to_dict,
+    response_to_dict,
+)
 from gateway.responses_api.schemas import ResponsesBody
 
 
@@ -98,11 +103,40 @@ def test_frames_name_the_event_and_a_failure_continues_the_sequence() -> None:
     event = responses_pb2.ResponseStreamEvent(
         type="response.completed", sequence_number=7, response=_response()
     )
-    head, data = frames(event).decode().split("\n", 1)
+    head, data = frames.event(event).decode().split("\n", 1)
     assert head == "event: response.completed"
     assert json.loads(data.removeprefix("data: "))["response"]["status"] == "incomplete"
-    assert frames.end() == b""
+    assert frames.end() == b"" and frames.keepalive() == b": keep-alive\n\n"
     failed = frames.fail(GatewayError(500, "boom")).decode()
     assert failed.startswith("event: error\n")
     body = json.loads(failed.split("data: ", 1)[1])
     assert body["sequence_number"] == 8 and body["error"]["message"] == "boom"
+
+
+def test_input_items_as_the_sdk_reads_them_and_a_failed_background_response() -> None:
+    from openai.pagination import SyncCursorPage
+    from openai.types.responses import ResponseItem
+
+    item = responses_pb2.ResponseOutputItem
+    page = responses_pb2.ResponseItemList(
+        object="list",
+        data=[
+            item(type="function_call_output", id="fco_1", status="completed", call_id="c",
+                 output="4"),
+            item(type="message", id="msg_1", status="completed", role="user",
+                 content=[responses_pb2.ResponseOutputText(type="input_text", text="hi")]),
+        ],
+        first_id="fco_1", last_id="msg_1", has_more=True,
+    )  # fmt: skip
+    listed = item_list_to_dict(page)
+    assert listed["data"][1]["content"] == [{"type": "input_text", "text": "hi"}]
+    parsed = SyncCursorPage[ResponseItem].model_validate(listed)  # type: ignore[misc]
+    assert [i.type for i in parsed.data] == ["function_call_output", "message"]
+    assert parsed.data[0].output == "4" and parsed.has_more  # type: ignore[union-attr]
+    failed = _response()
+    failed.status, failed.background = "failed", True
+    failed.error.code, failed.error.message = "unavailable", "scheduler lost"
+    shown = response_to_dict(failed)
+    assert shown["error"] == {"code": "unavailable", "message": "scheduler lost"}
+    assert shown["background"] is True and shown["status"] == "failed"
+    assert response_to_dict(_response())["error"] is None

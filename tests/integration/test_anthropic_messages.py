@@ -270,3 +270,26 @@ def test_the_sdk_raises_bad_request_with_the_body(
         )
     assert info.value.status_code == 400
     assert info.value.body["error"]["message"].startswith("messages.0.content.0.type")  # type: ignore[index]
+
+
+def test_a_ping_follows_message_start_and_the_sdk_skips_it(
+    client: anthropic.Anthropic, model_id: str, stack: LocalStack
+) -> None:
+    """Anthropic's order on the wire (a ping right after message_start), read raw; the
+    SDK's stream of the same request has no ping among its events."""
+    ask = {"model": model_id, "max_tokens": 4, "messages": HELLO, **GREEDY}
+
+    def raw_event_names() -> list[str]:
+        url = f"{stack.base_url}/messages"
+        resp = httpx.post(url, json={**ask, "stream": True}, timeout=60)
+        assert resp.status_code == 200
+        lines = resp.text.split("\n")
+        return [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+
+    names, (events, final) = at_once(
+        raw_event_names,
+        lambda: streamed(client, model=model_id, max_tokens=4, messages=HELLO, extra_body=GREEDY),
+    )
+    assert names[:2] == ["message_start", "ping"]
+    assert names[-1] == "message_stop"
+    assert "ping" not in [e.type for e in events] and final.usage.output_tokens <= 4

@@ -40,9 +40,11 @@ ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}
 
 
 def is_allowed(code: grpc.StatusCode, details: str) -> bool:
-    """Success or INVALID_ARGUMENT; or the one refusal of a valid request that is not about
-    its shape: an unknown `model` is NOT_FOUND, as OpenAI answers it (404)."""
-    return code in ALLOWED or (code == grpc.StatusCode.NOT_FOUND and details.startswith("model:"))
+    """Success or INVALID_ARGUMENT; or the refusals of a valid request that are not about
+    its shape: an unknown `model`, or a stored response that is not there (a drawn
+    `response_id`), is NOT_FOUND, as OpenAI answers them (404)."""
+    is_unknown = details.startswith(("model:", "response_id:"))
+    return code in ALLOWED or (code == grpc.StatusCode.NOT_FOUND and is_unknown)
 
 
 _INT_BOUNDS = {
@@ -218,6 +220,11 @@ RPCS: dict[str, Any] = {
     "ResponsesCreate": responses_pb2.ResponsesRequest,
     "ResponsesCreateStream": responses_pb2.ResponsesRequest,
     "Embed": embeddings_pb2.EmbeddingRequest,
+    # A drawn id is almost never stored: these check that paging and odd ids are refused
+    # cleanly, and cost no generation.
+    "ResponsesInputItems": responses_pb2.ResponsesInputItemsRequest,
+    "ResponsesDelete": responses_pb2.ResponsesDeleteRequest,
+    "ResponsesCancel": responses_pb2.ResponsesCancelRequest,
 }
 # 25 examples an RPC: about two minutes for the module on two shared cores.
 _FUZZ = settings(

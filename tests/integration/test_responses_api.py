@@ -24,6 +24,8 @@ from services.common.errors import field_of
 from services.common.tls import open_sync_channel
 from services.launch import LocalStack
 from tests.integration.forced_calls import BUDGET, SCHEMAS, TOOLS
+from tests.live_stack import finish_counts, wait_for_finishes
+from tests.waiting import wait_until
 
 # Responses tools are flat: no nested "function".
 FLAT_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
@@ -263,3 +265,113 @@ def test_the_sdks_stream_helper_accumulates_the_same_response(
     assert unary.status == final.status == "completed"
     assert final.output_text == unary.output_text
     jsonschema.validate(json.loads(final.output_text), SMALL_SCHEMA)
+
+
+def test_input_items_list_the_conversation_newest_first_and_page(
+    client: openai.OpenAI, model_id: str
+) -> None:
+    """A continuation's input items are the first turn's input, its output and the new
+    input; the SDK pages through them (limit 1) by ``after``."""
+    first = _create(client, model_id, 5, input=[{"role": "user", "content": "Hi there."}])
+    second = _create(client, model_id, 6, input="And then?", previous_response_id=first.id)
+    newest_first = client.responses.input_items.list(second.id)
+    assert newest_first.has_more is False and newest_first.first_id == newest_first.data[0].id
+    items = list(reversed(newest_first.data))
+    assert [(i.type, getattr(i, "role", None)) for i in items] == [
+        ("message", "user"), *[(o.type, getattr(o, "role", None)) for o in first.output],
+        ("message", "user"),
+    ]  # fmt: skip
+    assert items[0].content[0].type == "input_text" and items[0].content[0].text == "Hi there."
+    assert items[1].id == first.output[0].id and items[-1].content[0].text == "And then?"
+    assert len({i.id for i in items}) == len(items)
+    paged = [i.id for i in client.responses.input_items.list(second.id, limit=1, order="asc")]
+    assert paged == [i.id for i in items]
+    only_first = client.responses.input_items.list(first.id, order="asc")
+    assert [i.id for i in only_first.data] == [items[0].id]
+
+
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [({"limit": 0}, "limit"), ({"limit": 101}, "limit"), ({"order": "up"}, "order"),
+     ({"after": "msg_nope"}, "after")],
+)  # fmt: skip
+def test_bad_input_items_paging_is_a_400_naming_it(
+    client: openai.OpenAI, model_id: str, query: dict[str, Any], param: str
+) -> None:
+    stored = _create(client, model_id, 0, max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.input_items.list(stored.id, **query)
+    assert info.value.body["param"] == param  # type: ignore[index]
+
+
+def test_delete_forgets_a_response(client: openai.OpenAI, model_id: str) -> None:
+    stored = _create(client, model_id, 0, max_output_tokens=2)
+    assert client.responses.delete(stored.id) is None
+    for call in (client.responses.retrieve, client.responses.delete, client.responses.cancel):
+        with pytest.raises(openai.NotFoundError) as info:
+            call(stored.id)
+        assert stored.id in info.value.body["message"]  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list(stored.id)
+
+
+def test_a_background_response_is_polled_to_the_same_answer(
+    client: openai.OpenAI, model_id: str
+) -> None:
+    """``background``: answered in_progress, polled to the end; it is the streamed path,
+    so the same seed gives the unary text. Only a running one can be cancelled."""
+    kwargs: dict[str, Any] = {"max_output_tokens": 16, "store": True}
+    with ThreadPoolExecutor(2) as pool:
+        unary_f = pool.submit(_create, client, model_id, 7, **kwargs)
+        started = _create(client, model_id, 7, background=True, **kwargs)
+        unary = unary_f.result()
+    assert started.background is True and started.status == "in_progress"
+    wait_until(
+        lambda: client.responses.retrieve(started.id).status != "in_progress",
+        60, "the background response's end",
+    )  # fmt: skip
+    done = client.responses.retrieve(started.id)
+    assert done.status == unary.status and done.output_text == unary.output_text
+    assert done.usage.output_tokens == unary.usage.output_tokens
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.cancel(done.id)
+    assert f"already {done.status}" in info.value.body["message"]  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.cancel(unary.id)
+    body: Any = info.value.body
+    assert "Cannot cancel a synchronous response." in body["message"]
+    assert body["param"] == "response_id"
+
+
+def test_cancel_aborts_a_running_background_response(
+    client: openai.OpenAI, model_id: str, stack: LocalStack
+) -> None:
+    before = finish_counts(stack)
+    started = _create(client, model_id, 8, background=True, max_output_tokens=4000)
+    cancelled = client.responses.cancel(started.id)
+    assert cancelled.id == started.id and cancelled.status == "cancelled"
+    assert wait_for_finishes(stack, before, 1) == {"abort": 1}  # freed, not run to the end
+    assert client.responses.retrieve(started.id).status == "cancelled"
+    assert client.responses.cancel(started.id).status == "cancelled"  # again: the same
+
+
+def test_a_deleted_background_response_is_aborted(
+    client: openai.OpenAI, model_id: str, stack: LocalStack
+) -> None:
+    before = finish_counts(stack)
+    started = _create(client, model_id, 9, background=True, max_output_tokens=4000)
+    client.responses.delete(started.id)
+    assert wait_for_finishes(stack, before, 1) == {"abort": 1}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [({"background": True, "stream": True}, "background"),
+     ({"background": True, "store": False}, "store")],
+)  # fmt: skip
+def test_background_refusals_name_the_field(
+    client: openai.OpenAI, model_id: str, kwargs: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        _create(client, model_id, 0, **kwargs)
+    assert info.value.body["param"] == param  # type: ignore[index]

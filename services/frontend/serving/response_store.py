@@ -1,6 +1,10 @@
 """Stored responses for ``previous_response_id`` and ResponsesGet: one owner, bounded in
 entries and in age, so a client that never comes back costs at most ``capacity`` entries
-for ``ttl_s`` seconds. Per frontend: another frontend's responses are unknown here."""
+for ``ttl_s`` seconds. Per frontend: another frontend's responses are unknown here.
+
+An entry of a background response still running holds how to ``stop`` that run: dropping
+the entry (for room, for age, or by ResponsesDelete) stops it, so no run outlives the
+entry a client could poll or cancel it through."""
 
 from __future__ import annotations
 
@@ -25,6 +29,15 @@ class StoredResponse:
     conversation: tuple[openai_pb2.ChatMessage, ...]
     expires_at: float
     owner: str = ""  # the API key name it was made with ("" without keys)
+    # The response's input items (ResponsesInputItems): the continued conversation's
+    # items and its own input, in turn order.
+    items: tuple[responses_pb2.ResponseOutputItem, ...] = ()
+    # Ends the background run still making this response (None: nothing runs).
+    stop: Callable[[], object] | None = None
+
+    @property
+    def is_running(self) -> bool:
+        return self.stop is not None
 
 
 class ResponseStore:
@@ -50,14 +63,21 @@ class ResponseStore:
         response: responses_pb2.Response,
         conversation: list[openai_pb2.ChatMessage],
         owner: str = "",
+        *,
+        items: list[responses_pb2.ResponseOutputItem] | None = None,
+        stop: Callable[[], object] | None = None,
     ) -> None:
+        """Keep ``response`` (replacing an entry of its id, whose run is not stopped: a
+        background run puts its finished response over its running one)."""
         self._expire()
         expires_at = self._clock() + self.ttl_s
-        entry = StoredResponse(response, tuple(conversation), expires_at, owner)
+        entry = StoredResponse(
+            response, tuple(conversation), expires_at, owner, tuple(items or ()), stop
+        )
         self._entries[response.id] = entry
         self._entries.move_to_end(response.id)
         while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+            _drop(self._entries.popitem(last=False)[1])
             self.num_evicted += 1
 
     def get(
@@ -75,11 +95,25 @@ class ResponseStore:
             )
         return found
 
+    def delete(
+        self, response_id: str, may_read: Callable[[str], bool] = lambda _: True
+    ) -> StoredResponse:
+        """Forget a response (stopping its run); NotFoundError as ``get``."""
+        found = self.get(response_id, "response_id", may_read)
+        del self._entries[response_id]
+        _drop(found)
+        return found
+
     def _expire(self) -> None:
         now = self._clock()
         while self._entries:
             oldest = next(iter(self._entries.values()))
             if oldest.expires_at > now:
                 return
-            self._entries.popitem(last=False)
+            _drop(self._entries.popitem(last=False)[1])
             self.num_evicted += 1
+
+
+def _drop(entry: StoredResponse) -> None:
+    if entry.stop is not None:
+        entry.stop()

@@ -1,17 +1,27 @@
 """The Responses API on the chat path: translate the request (``responses_input.py``), run
 it as chat, say the answer in Responses' words (``responses_output.py``,
 ``responses_events.py``), and keep it when asked (``response_store.py``). Nothing here
-templates, samples or parses on its own."""
+templates, samples or parses on its own.
+
+A ``background`` response is the streamed path with nobody listening: the RPC answers once
+the request is dispatched (every check passed), a task feeds the chat stream into the
+response the store holds, so ResponsesGet shows it growing (items as they close) and
+finished; ResponsesCancel or dropping the entry cancels the task, which aborts the
+request upstream as a client's cancel does.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, Iterator
+from dataclasses import dataclass
 
 from tokenline.v1 import openai_pb2, responses_pb2
 
 from services.common.auth.caller import caller_name, may_touch
-from services.common.errors import InvalidArgumentError
+from services.common.errors import InvalidArgumentError, TokenlineError
 from services.frontend.serving.chat import ChatServing
 from services.frontend.serving.response_store import ResponseStore
 from services.frontend.serving.responses_events import ResponseEvents
@@ -21,7 +31,13 @@ from services.frontend.serving.responses_input import (
     output_message,
     responses_field,
 )
+from services.frontend.serving.responses_items import input_items_of, page_of, paging_of
 from services.frontend.serving.responses_output import new_response, response_of
+
+logger = logging.getLogger(__name__)
+
+Chunks = AsyncGenerator[openai_pb2.ChatCompletionChunk, None]
+_CONTINUABLE = ("completed", "incomplete")
 
 
 @contextlib.contextmanager
@@ -37,65 +53,188 @@ def _label(chat_id: str) -> str:
     return chat_id.removeprefix("chatcmpl-")
 
 
+@dataclass(slots=True)
+class _Turn:
+    """One request as the chat path runs it, and what storing its response needs."""
+
+    request: responses_pb2.ResponsesRequest
+    chat: openai_pb2.ChatCompletionRequest
+    # What a continuation starts from: the history and this input (the output is added
+    # once known), as chat messages and as listed items.
+    conversation: list[openai_pb2.ChatMessage]
+    history_items: list[responses_pb2.ResponseOutputItem]
+
+    def items(self, label: str) -> list[responses_pb2.ResponseOutputItem]:
+        return [*self.history_items, *input_items_of(self.request, label)]
+
+
 class ResponsesServing:
     def __init__(self, chat: ChatServing, store: ResponseStore | None = None) -> None:
         self.chat = chat
         self.store = store if store is not None else ResponseStore()
+        self._closing: set[asyncio.Task[None]] = set()
 
     def get(self, response_id: str) -> responses_pb2.Response:
         return self.store.get(response_id, "response_id", may_touch).response
 
-    def _history(self, request: responses_pb2.ResponsesRequest) -> list[openai_pb2.ChatMessage]:
-        """The stored conversation ``previous_response_id`` continues (none without one)."""
-        if not request.previous_response_id:
-            return []
-        found = self.store.get(request.previous_response_id, "previous_response_id", may_touch)
-        return list(found.conversation)
+    def input_items(
+        self, request: responses_pb2.ResponsesInputItemsRequest
+    ) -> responses_pb2.ResponseItemList:
+        paging_of(request)  # a bad page is refused whether or not the id is known
+        found = self.store.get(request.response_id, "response_id", may_touch)
+        return page_of(found.items, request)
 
-    def _chat_request(
-        self, request: responses_pb2.ResponsesRequest, *, stream: bool
-    ) -> tuple[openai_pb2.ChatCompletionRequest, list[openai_pb2.ChatMessage]]:
-        """The chat request, and the conversation a continuation of it would start from
-        (its history and input; the output is added once known)."""
-        history = self._history(request)
+    def delete(self, response_id: str) -> responses_pb2.ResponseDeleted:
+        """Forget a response; one still running in the background is cancelled."""
+        self.store.delete(response_id, may_touch)
+        return responses_pb2.ResponseDeleted(id=response_id, object="response", deleted=True)
+
+    def cancel(self, response_id: str) -> responses_pb2.Response:
+        """Cancel a background response while it runs (again: the same answer); any other
+        is refused as OpenAI refuses it."""
+        found = self.store.get(response_id, "response_id", may_touch)
+        response = found.response
+        if not response.background:
+            raise InvalidArgumentError("Cannot cancel a synchronous response.", field="response_id")
+        if response.status == "in_progress" and found.stop is not None:
+            found.stop()
+            response.status = "cancelled"
+        elif response.status != "cancelled":
+            raise InvalidArgumentError(
+                f"Cannot cancel a response that is already {response.status}.",
+                field="response_id",
+            )
+        return response
+
+    def _turn(self, request: responses_pb2.ResponsesRequest, *, stream: bool) -> _Turn:
+        """The chat request, after the stored conversation ``previous_response_id``
+        continues (none without one)."""
+        history: list[openai_pb2.ChatMessage] = []
+        history_items: list[responses_pb2.ResponseOutputItem] = []
+        if request.previous_response_id:
+            found = self.store.get(request.previous_response_id, "previous_response_id", may_touch)
+            if found.response.status not in _CONTINUABLE:
+                raise InvalidArgumentError(
+                    f"response {request.previous_response_id!r} is {found.response.status}; "
+                    "only a completed or incomplete response can be continued",
+                    field="previous_response_id",
+                )
+            history = list(found.conversation)
+            history_items = [*found.items, *found.response.output]
         with _named_as_responses():
             chat = chat_request_of(request, stream=stream, history=history)
-        return chat, [*history, *input_messages(request)]
+        return _Turn(request, chat, [*history, *input_messages(request)], history_items)
 
-    def _keep(
-        self, response: responses_pb2.Response, conversation: list[openai_pb2.ChatMessage]
-    ) -> None:
+    def _keep(self, response: responses_pb2.Response, turn: _Turn) -> None:
         """Store a finished response (when it asked to be) for later continuations."""
         if response.store:
-            conversation = [*conversation, output_message(response)]
-            self.store.put(response, conversation, owner=caller_name())
+            conversation = [*turn.conversation, output_message(response)]
+            items = turn.items(response.id.removeprefix("resp_"))
+            self.store.put(response, conversation, owner=caller_name(), items=items)
 
     async def create(self, request: responses_pb2.ResponsesRequest) -> responses_pb2.Response:
-        chat, conversation = self._chat_request(request, stream=False)
+        if request.background:
+            return await self._start_in_background(request)
+        turn = self._turn(request, stream=False)
         with _named_as_responses():
-            completion = await self.chat.complete(chat)
+            completion = await self.chat.complete(turn.chat)
         response = response_of(request, _label(completion.id), completion)
-        self._keep(response, conversation)
+        self._keep(response, turn)
         return response
+
+    async def _open(self, turn: _Turn) -> tuple[Chunks, ResponseEvents]:
+        """The chat stream, past its role chunk (every check has passed, the request is
+        dispatched), and the events of its response."""
+        chunks = self.chat.stream(turn.chat)
+        try:
+            with _named_as_responses():
+                first = await anext(chunks)
+        except BaseException:
+            await chunks.aclose()
+            raise
+        response = new_response(turn.request, _label(first.id), first.created, first.model)
+        return chunks, ResponseEvents(response)
 
     async def stream(
         self, request: responses_pb2.ResponsesRequest
     ) -> AsyncGenerator[responses_pb2.ResponseStreamEvent, None]:
-        chat, conversation = self._chat_request(request, stream=True)
-        chunks = self.chat.stream(chat)
+        if request.background:
+            raise InvalidArgumentError(
+                "a background response is not streamed: create it without stream and poll "
+                "GET /v1/responses/{id}",
+                field="background",
+            )
+        turn = self._turn(request, stream=True)
+        chunks, events = await self._open(turn)
         try:
-            with _named_as_responses():
-                first = await anext(chunks)  # the role chunk: every check has passed
-            response = new_response(request, _label(first.id), first.created, first.model)
-            events = ResponseEvents(response)
             for event in events.start():
                 yield event
             async for chunk in chunks:
                 for event in events.feed(chunk):
                     yield event
             last = events.end()
-            self._keep(response, conversation)
+            self._keep(events.response, turn)
             for event in last:
                 yield event
         finally:
             await chunks.aclose()
+
+    async def _start_in_background(
+        self, request: responses_pb2.ResponsesRequest
+    ) -> responses_pb2.Response:
+        """Dispatch, store the response ``in_progress`` with its run, answer a copy."""
+        if request.HasField("store") and not request.store:
+            raise InvalidArgumentError(
+                "false cannot go with background: true (a background response is kept for "
+                "GET /v1/responses/{id})",
+                field="store",
+            )
+        turn = self._turn(request, stream=True)
+        chunks, events = await self._open(turn)
+        response = events.response
+        events.start()
+        run = asyncio.ensure_future(self._run(chunks, events, turn))  # the caller's context
+        run.add_done_callback(lambda _: self._close_soon(chunks))
+        items = turn.items(response.id.removeprefix("resp_"))
+        self.store.put(response, turn.conversation, caller_name(), items=items, stop=run.cancel)
+        answer = responses_pb2.Response()
+        answer.CopyFrom(response)
+        return answer
+
+    def _close_soon(self, chunks: Chunks) -> None:
+        """Close the stream a run leaves open: one cancelled before its first step never
+        ran its own cleanup, and its request would run on upstream."""
+        if getattr(chunks, "ag_frame", None) is None:  # closed already: the run ended it
+            return
+        task = asyncio.ensure_future(chunks.aclose())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _run(self, chunks: Chunks, events: ResponseEvents, turn: _Turn) -> None:
+        """Feed the stream into the stored response; store it again when it ends. A
+        cancel (ResponsesCancel, or the entry dropped) leaves the entry as it is."""
+        response = events.response
+        try:
+            await _feed(chunks, events)
+        except asyncio.CancelledError:
+            response.status = "cancelled"
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed run is the response's status
+            _fail(response, exc)
+        self._keep(response, turn)
+
+
+async def _feed(chunks: Chunks, events: ResponseEvents) -> None:
+    async with contextlib.aclosing(chunks) as rest:
+        async for chunk in rest:
+            events.feed(chunk)
+    events.end()
+
+
+def _fail(response: responses_pb2.Response, exc: Exception) -> None:
+    response.status = "failed"
+    if isinstance(exc, TokenlineError):
+        response.error.code, response.error.message = exc.code.name.lower(), exc.message
+    else:
+        logger.exception("background response %s failed", response.id, exc_info=exc)
+        response.error.code, response.error.message = "internal", "internal error"

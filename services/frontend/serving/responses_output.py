@@ -29,6 +29,7 @@ def new_response(
         ),
         store=request.store if request.HasField("store") else True,  # OpenAI's default
         previous_response_id=request.previous_response_id,
+        background=request.background,
     )
     for name in ("max_output_tokens", "temperature", "top_p"):
         if request.HasField(name):  # type: ignore[arg-type]

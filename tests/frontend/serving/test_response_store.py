@@ -57,3 +57,25 @@ def test_another_owners_response_reads_as_unknown() -> None:
     with pytest.raises(NotFoundError) as info:
         store.get("r", "response_id", lambda owner: owner == "bob")
     assert "'r'" in info.value.message
+
+
+def test_dropping_an_entry_stops_its_run_and_replacing_it_does_not() -> None:
+    stopped: list[str] = []
+    store = ResponseStore(capacity=2, ttl_s=10, clock=_Clock())
+
+    def put(name: str, *, running: bool) -> None:
+        stop = (lambda: stopped.append(name)) if running else None
+        store.put(responses_pb2.Response(id=name), [], stop=stop)
+
+    put("a", running=True)
+    put("a", running=False)  # the run stored its finished response over the running one
+    put("b", running=True)
+    put("c", running=True)  # evicts "a": nothing runs for it any more
+    assert stopped == []
+    put("d", running=False)  # evicts "b"
+    assert stopped == ["b"]
+    store.delete("c")
+    assert stopped == ["b", "c"] and len(store) == 1
+    with pytest.raises(NotFoundError) as info:
+        store.delete("c")
+    assert info.value.field == "response_id"
