@@ -22,6 +22,7 @@ from tests.scheduler.factories import (
     assert_kv_returns_to_pool,
     make_req,
     make_scheduler,
+    run_collecting_rows,
     run_to_completion,
 )
 from tests.scheduler.parity import NEAR_TIE, hf_greedy
@@ -29,7 +30,6 @@ from tests.scheduler.sampling.test_prompt_logprobs import (
     assert_matches_hf,
     load_hf_references,
     prompt_entries,
-    run,
     scoring_req,
 )
 from tests.tiny_checkpoints import ARCHITECTURES, build_checkpoint
@@ -125,6 +125,6 @@ def test_prompt_logprobs_match_hf(
 ) -> None:
     scheduler = make_scheduler(checkpoint, max_num_batched_tokens=16)
     table = prompts["table"]
-    rows = run(scheduler, {0: [scoring_req("table", table, 0)]})["table"]
+    rows = run_collecting_rows(scheduler, {0: [scoring_req("table", table, 0)]})["table"]
     assert_matches_hf(hf_references, table, 0, prompt_entries(rows))
     assert_kv_returns_to_pool(scheduler)
