@@ -25,6 +25,14 @@ if TYPE_CHECKING:
 # budget on newlines (a known failure of unbounded whitespace under a grammar).
 JSON_MAX_WHITESPACE = 16
 
+# xgrammar (0.2.9) lowers a JSON-schema string with minLength/maxLength to a repetition of
+# the first class below, which admits raw control characters (a tab) that JSON forbids
+# inside strings (xgrammar issue #800; its own unbounded strings exclude them). Such a
+# grammar is printed, given the second class, and parsed back. A version that fixes it
+# upstream prints no such class, and the rewrite does nothing.
+_BOUNDED_STRING_CLASS = r"[^\"\\\r\n]"
+_JSON_STRING_CLASS = r"[^\0-\x1f\"\\\r\n]"
+
 # xgrammar's C++ errors start with "[hh:mm:ss] /path/file.cc:123: "; the client gets the rest.
 _CPP_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 
@@ -41,14 +49,25 @@ def build_grammar(spec: GrammarSpec) -> xgrammar.Grammar:
     try:
         if spec.kind == "json_schema":
             _check_json(spec.text)
-            return xgrammar.Grammar.from_json_schema(
+            grammar = xgrammar.Grammar.from_json_schema(
                 spec.text, any_whitespace=True, max_whitespace_cnt=JSON_MAX_WHITESPACE
             )
+            return _without_raw_control_characters(grammar)
         if spec.kind == "regex":
             return xgrammar.Grammar.from_regex(spec.text)
         return xgrammar.Grammar.from_ebnf(spec.text)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise GrammarError(_clean(str(exc))) from None
+
+
+def _without_raw_control_characters(grammar: xgrammar.Grammar) -> xgrammar.Grammar:
+    """``grammar`` with its length-bounded JSON strings closed to U+0000-U+001F."""
+    import xgrammar
+
+    text = str(grammar)
+    if _BOUNDED_STRING_CLASS not in text:
+        return grammar
+    return xgrammar.Grammar.from_ebnf(text.replace(_BOUNDED_STRING_CLASS, _JSON_STRING_CLASS))
 
 
 def structural_tag_ebnf(structural_tag: str) -> str:
