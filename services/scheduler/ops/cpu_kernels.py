@@ -99,10 +99,9 @@ class SampleKernel:
         A process registers the op once: a second load finds it registered."""
         if is_registered("sample_rows"):
             return cls()
-        folders = [Path(model_dir) / KERNEL_DIR, *([Path(prebuilt_dir)] if prebuilt_dir else [])]
         try:
             level = machine_level()
-            path = next(filter(None, (find_library(f, level) for f in folders)), None)
+            path = first_library(kernel_folders(model_dir, prebuilt_dir), level)
         except OSError as exc:  # an install without the C++ sources cannot key a build
             logger.warning("no kernel sources (%s); eager paths", exc)
             return None
@@ -123,6 +122,17 @@ def is_registered(op: str) -> bool:
         return torch._C._dispatch_has_kernel_for_dispatch_key(f"tokenline::{op}", "CPU")
     except RuntimeError:  # "operator ... does not exist"
         return False
+
+
+def kernel_folders(model_dir: str | Path, prebuilt_dir: str | Path | None = None) -> list[Path]:
+    """Where a scheduler looks for its kernels, in order: the model's own, then the
+    prebuilt folder (the image's)."""
+    return [Path(model_dir) / KERNEL_DIR, *([Path(prebuilt_dir)] if prebuilt_dir else [])]
+
+
+def first_library(folders: list[Path], level: IsaLevel) -> Path | None:
+    """``level``'s library from the first of ``folders`` that has one."""
+    return next(filter(None, (find_library(folder, level) for folder in folders)), None)
 
 
 def find_library(folder: Path, level: IsaLevel) -> Path | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -22,7 +21,12 @@ from services.scheduler.model_executor.models.config import ModelConfig
 from services.scheduler.model_executor.models.dtype import choose_dtype
 from services.scheduler.model_executor.models.loader import load_model
 from services.scheduler.model_executor.models.model_impl import resolve_model_impl
-from services.scheduler.ops.cpu_kernels import KERNEL_DIR, SampleKernel, find_library, is_registered
+from services.scheduler.ops.cpu_kernels import (
+    SampleKernel,
+    first_library,
+    is_registered,
+    kernel_folders,
+)
 from services.scheduler.ops.cpu_kernels import build as build_kernels
 from services.scheduler.ops.isa_levels import machine_level
 
@@ -132,9 +136,9 @@ def build_kernels_if_missing(model_dir: str, kernels_dir: str = "") -> None:
     level is there or in ``kernels_dir`` (``--build-kernels``, for a volume that may move
     between machines). A failure leaves the engine on its eager paths."""
     level = machine_level()
-    folders = [Path(model_dir) / KERNEL_DIR, *([Path(kernels_dir)] if kernels_dir else [])]
+    folders = kernel_folders(model_dir, kernels_dir)
     try:
-        if any(find_library(folder, level) for folder in folders):
+        if first_library(folders, level) is not None:
             return
         build_kernels(folders[0], [level])
     except (OSError, RuntimeError) as exc:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from services.scheduler.ops.isa_levels import read_cpu_flags
+
 pytestmark = pytest.mark.live
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -32,20 +34,8 @@ ISA_LEVELS = (
 )
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags as Linux reports them (empty where /proc has none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 def levels_this_cpu_has() -> list[tuple[str, str]]:
-    flags = cpu_flags()
+    flags = read_cpu_flags()
     return [(onednn, aten) for onednn, aten, needs in ISA_LEVELS if needs <= flags]
 
 
@@ -53,8 +43,9 @@ LEVELS = levels_this_cpu_has() if platform.machine() in ("x86_64", "AMD64") else
 
 
 def run_probe(model_dir: Path, level: tuple[str, str]) -> list[dict]:
-    """The probe's reports under ``level``'s caps; our compiled kernels do not change with
-    a cap, so they are checked only at the CPU's own (highest) level."""
+    """The probe's reports under ``level``'s caps. Our compiled kernels are checked only
+    at the CPU's own (highest) level: under a lower cap the scheduler would pick a lower
+    kernel level, which `make model` does not build."""
     env = dict(os.environ)
     command = [sys.executable, "-m", "tests.scheduler.model_executor.batch_invariance_probe"]
     command += ["--model", str(model_dir)]
