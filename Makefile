@@ -9,6 +9,10 @@ MODEL_DIR ?= models/tokenline-tiny
 # `make model-small`: the same random model at Qwen2.5-0.5B's dimensions (~474 M parameters,
 # ~0.95 GB) for benchmarks at a realistic size; `bench.serve ... --model-dir $(SMALL_MODEL_DIR)`.
 SMALL_MODEL_DIR ?= models/tokenline-small
+# `make model-qwen3` / `make model-moe`: random Qwen3-0.6B-shaped and small Qwen3-MoE-shaped
+# checkpoints (bench/checkpoints.py) for the serving benchmarks of the native model paths.
+QWEN3_MODEL_DIR ?= models/bench-qwen3-0.6b
+MOE_MODEL_DIR ?= models/bench-qwen3-moe
 # Which model code serves MODEL_DIR: auto (native where it exists), native or transformers.
 MODEL_IMPL ?= $(or $(TOKENLINE_MODEL_IMPL),auto)
 PROTOS := $(wildcard proto/tokenline/v1/*.proto)
@@ -22,7 +26,7 @@ BUF := $(VENV)/bin/buf
 # `make proto-check` compares the working tree's protos with this branch.
 PROTO_AGAINST ?= main
 
-.PHONY: all setup proto model model-small check-model kernels run test test-fast lint fmt bench clean descriptor proto-check soak containers-test docs
+.PHONY: all setup proto model model-small model-qwen3 model-moe check-model kernels run test test-fast lint fmt bench clean descriptor proto-check soak containers-test docs
 
 all: setup
 
@@ -75,6 +79,12 @@ $(SMALL_MODEL_DIR)/config.json: | $(STAMP)
 	$(PY) -m services.common.default_model --shape small --out $(SMALL_MODEL_DIR)
 
 model-small: setup $(SMALL_MODEL_DIR)/config.json
+
+model-qwen3: setup
+	$(PY) -m bench.checkpoints --shape qwen3-0.6b --out $(QWEN3_MODEL_DIR)
+
+model-moe: setup
+	$(PY) -m bench.checkpoints --shape qwen3-moe --out $(MOE_MODEL_DIR)
 
 # ARGS: any launcher or service flag, each handed to the services that take it
 # (make run ARGS="--tool-call-parser deepseek_v31 --dtype float32"; docs/flags.md#serve).
