@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
     p.add_argument("--parity-prompts", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per parity prompt")
+    p.add_argument(
+        "--output-len", type=int, default=32, help="decode tokens per throughput request"
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "gpu_check.json")
     return p.parse_args(argv)
 
@@ -66,6 +69,7 @@ def _bench_args(
     concurrency: list[int],
     temperatures: list[float],
     backend: str,
+    output_len: int = 32,
 ) -> BenchArgs:
     return BenchArgs(
         model=model,
@@ -73,7 +77,7 @@ def _bench_args(
         dtype=dtype,
         concurrency=concurrency,
         prompt_len=64,
-        output_len=32,
+        output_len=output_len,
         prefix_len=0,
         repeats=2,
         num_threads=0,
@@ -148,7 +152,13 @@ def throughput(args: argparse.Namespace, backends: dict[str, str]) -> list[dict[
             continue
         print(f"-- attention backend {backend}", flush=True)
         bench = _bench_args(
-            args.model, args.device, AUTO, args.concurrency, args.temperatures, backend
+            args.model,
+            args.device,
+            AUTO,
+            args.concurrency,
+            args.temperatures,
+            backend,
+            args.output_len,
         )
         scheduler = build(bench)
         rows += [
@@ -162,7 +172,15 @@ def throughput(args: argparse.Namespace, backends: dict[str, str]) -> list[dict[
 
 def overlap(args: argparse.Namespace) -> list[dict[str, Any]]:
     print("-- overlap scheduling (torch attention)", flush=True)
-    bench = _bench_args(args.model, args.device, AUTO, args.concurrency, args.temperatures, "torch")
+    bench = _bench_args(
+        args.model,
+        args.device,
+        AUTO,
+        args.concurrency,
+        args.temperatures,
+        "torch",
+        args.output_len,
+    )
     return [asdict(r) for r in measure_overlap(build(bench), bench)]
 
 
