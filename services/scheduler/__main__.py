@@ -179,9 +179,16 @@ def resolve_or_exit(config: SchedulerProcessConfig) -> ModelImpl:
     """The path that serves the model; a checkpoint none can run ends the process here,
     with one line and before any weight or kernel work."""
     try:
-        return resolve_model_impl(config.model, config.model_impl)
+        impl = resolve_model_impl(config.model, config.model_impl)
     except UnsupportedModelError as exc:
         raise SystemExit(f"tokenline-scheduler: {exc}") from None
+    if impl.headless and config.runner != "pooling":
+        raise SystemExit(
+            f"tokenline-scheduler: model {Path(config.model).name} is a {impl.architecture} "
+            "checkpoint, a model body without an LM head: it can only embed; start it "
+            "with --runner pooling"
+        )
+    return impl
 
 
 async def serve(config: SchedulerProcessConfig) -> None:

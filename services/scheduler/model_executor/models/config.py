@@ -39,9 +39,20 @@ class MoeConfig:
     sparse_layers: frozenset[int]  # layers with experts; the others have a dense MLP
 
 
+# Checkpoints of a model's body alone, as embedding models ship (e5-mistral's MistralModel,
+# gte-Qwen2's Qwen2Model): no LM head, weight names without the ``model.`` prefix. Each runs
+# on its causal LM's native module, under ``--runner pooling`` only.
+HEADLESS_ARCHITECTURES = {
+    "LlamaModel": "LlamaForCausalLM",
+    "MistralModel": "MistralForCausalLM",
+    "Qwen2Model": "Qwen2ForCausalLM",
+    "Qwen3Model": "Qwen3ForCausalLM",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    architecture: str
+    architecture: str  # the causal LM module's name, also for a headless checkpoint
     hidden_size: int
     num_layers: int
     num_heads: int
@@ -68,6 +79,7 @@ class ModelConfig:
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
     moe: MoeConfig | None = None
+    headless: bool = False  # no LM head in the checkpoint (HEADLESS_ARCHITECTURES)
 
     @property
     def max_context_len(self) -> int:
@@ -94,7 +106,9 @@ class ModelConfig:
         cls, raw: dict[str, Any], generation: dict[str, Any] | None = None
     ) -> ModelConfig:
         """Build from parsed config.json (and generation_config.json) contents."""
-        architecture = architecture_of(raw)
+        named = architecture_of(raw)
+        architecture = HEADLESS_ARCHITECTURES.get(named, named)
+        headless = named in HEADLESS_ARCHITECTURES
         hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
         head_dim = int(raw.get("head_dim") or hidden // heads)
         num_layers = int(raw["num_hidden_layers"])
@@ -113,7 +127,9 @@ class ModelConfig:
             rope_theta=_rope_theta(_global_rope_params(raw), raw, 10000.0),
             rope_scaling=parse_rope_scaling(_global_rope_params(raw), raw),
             vocab_size=int(raw["vocab_size"]),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            # A headless checkpoint's LM head never runs (pooling only): tied, it needs no
+            # weights of its own.
+            tie_word_embeddings=headless or bool(raw.get("tie_word_embeddings", False)),
             attention_bias=attention_bias,
             o_proj_bias=attention_bias and not is_qwen2,
             mlp_bias=bool(raw.get("mlp_bias", False)),
@@ -131,6 +147,7 @@ class ModelConfig:
             attn_logit_softcapping=_optional_float(raw, "attn_logit_softcapping"),
             final_logit_softcapping=_optional_float(raw, "final_logit_softcapping"),
             moe=_moe(raw, architecture, num_layers),
+            headless=headless,
         )
 
 

@@ -156,6 +156,8 @@ def weight_target(model: NativeCausalLM, name: str) -> WeightTarget | None:
         return None
     if name == "lm_head.weight" and model.config.tie_word_embeddings:
         return None  # some tied checkpoints store a copy; the embedding is the source
+    if model.config.headless and not name.startswith("model."):
+        name = f"model.{name}"  # a headless checkpoint is the causal LM's ``model`` alone
     for old, new in model.renamed_modules.items():
         name = name.replace(old, new)
     expert = _EXPERT_NAME.match(name)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 
+from services.scheduler.model_executor.models.config import HEADLESS_ARCHITECTURES
 from services.scheduler.model_executor.models.dtype import DTYPES
 from services.scheduler.model_executor.models.registry import (
     NATIVE_MODELS,
@@ -50,6 +51,7 @@ class ModelImpl:
     architecture: str  # the config.json ``architectures`` entry served
     path: ModelPath
     dtype: torch.dtype  # the checkpoint's dtype, what ``--dtype auto`` starts from
+    headless: bool = False  # a model body without an LM head: it can only pool
 
 
 def resolve_model_impl(model_dir: str | Path, requested: str = "auto") -> ModelImpl:
@@ -63,7 +65,7 @@ def resolve_model_impl(model_dir: str | Path, requested: str = "auto") -> ModelI
     native = [a for a in architectures if native_model_class(a) is not None]
     native_refusal = _native_refusal(model_dir) if native else None
     if native and native_refusal is None and requested != "transformers":
-        return ModelImpl(native[0], "native", dtype)
+        return ModelImpl(native[0], "native", dtype, native[0] in HEADLESS_ARCHITECTURES)
     refusal = transformers_refusal(Path(model_dir), architectures)
     supported = ", ".join(sorted(NATIVE_MODELS))
     if requested == "native":

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
 from services.scheduler.model_executor.models.config import (
+    HEADLESS_ARCHITECTURES,
     ModelConfig,
     architecture_of,
     read_config_files,
@@ -38,8 +39,9 @@ class UnsupportedModelError(ValueError):
 
 
 def native_model_class(architecture: str) -> type | None:
-    """The native module for an HF architecture name, or None when there is none."""
-    return NATIVE_MODELS.get(architecture)
+    """The native module for an HF architecture name (a headless one's is its causal LM's),
+    or None when there is none."""
+    return NATIVE_MODELS.get(HEADLESS_ARCHITECTURES.get(architecture, architecture))
 
 
 def check_native_support(model_dir: str | Path) -> ModelConfig:
