@@ -82,9 +82,11 @@ model-small: setup $(SMALL_MODEL_DIR)/config.json
 
 model-qwen3: setup
 	$(PY) -m bench.checkpoints --shape qwen3-0.6b --out $(QWEN3_MODEL_DIR)
+	-$(PY) -m services.scheduler.ops.cpu_kernels --model $(QWEN3_MODEL_DIR)
 
 model-moe: setup
 	$(PY) -m bench.checkpoints --shape qwen3-moe --out $(MOE_MODEL_DIR)
+	-$(PY) -m services.scheduler.ops.cpu_kernels --model $(MOE_MODEL_DIR)
 
 # ARGS: any launcher or service flag, each handed to the services that take it
 # (make run ARGS="--tool-call-parser deepseek_v31 --dtype float32"; docs/flags.md#serve).

@@ -59,6 +59,11 @@ class TokenlineServer:
         timeout: float,
     ) -> None:
         scheduler_args = ["--dtype", dtype, "--device", device, *shlex.split(extra_args)]
+        if device == "cpu":
+            # The compiled sampler and decode-attention kernels, built at start where the
+            # model folder has none for this CPU: `make run` builds them too (its `model`
+            # target), so a benchmark serves what users run, not the eager fallback.
+            scheduler_args.append("--build-kernels")
         self.stack = LocalStack(
             model_dir, StackPorts.free(), scheduler_args=scheduler_args, log_dir=log_dir
         )
