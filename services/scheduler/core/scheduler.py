@@ -9,7 +9,9 @@ worker thread while ``step()`` commits the step before (overlap.py).
 Owns the scheduling policy, every ``Req``'s state, KV slot allocation (through
 ``KVCacheManager``), sampling and stop checks. The forward itself, and every device
 tensor it needs, belong to ``ModelRunner``: the scheduler hands it a ``ForwardPlan``
-of host lists and gets back the logits of the rows it samples.
+of host lists and gets back the logits of the rows it samples. The runner and the
+``Sampler`` are built by the caller, with the machine's compiled kernels
+(transport/engine_build.py).
 
 Scheduling per step, under a token budget: running requests first (decodes take
 one token each; a prompt being prefilled takes a chunk), retracting the
@@ -49,6 +51,7 @@ from services.scheduler.model_executor.pooling import (
     plan_pool_spans,
     record_pool_spans,
 )
+from services.scheduler.ops.cpu_kernels import SampleKernel
 from services.scheduler.sampling.grammar import GrammarCompiler, create_request_grammar
 from services.scheduler.sampling.prompt_logprobs import PromptSpan, plan_spans, record_spans
 from services.scheduler.sampling.sampler import SampleOutput, Sampler
@@ -109,31 +112,30 @@ class StepPlan:
 class Scheduler:
     def __init__(
         self,
-        model: CausalLM,
-        kv_pool: KVPool,
+        runner: ModelRunner,
+        sampler: Sampler,
         stop_checker: StopChecker,
         config: SchedulerConfig,
-        device: torch.device | str = "cpu",
     ) -> None:
-        self.runner = ModelRunner(model, kv_pool, device)
-        self.kv_pool = kv_pool  # the runner writes K/V into it; slots are allocated here
-        self.kv = KVCacheManager(kv_pool, config.enable_prefix_cache)
+        self.runner = runner
+        self.sampler = sampler
+        self.kv_pool = runner.kv_pool  # the runner writes K/V into it; slots are allocated here
+        self.kv = KVCacheManager(self.kv_pool, config.enable_prefix_cache)
         self.stop_checker = stop_checker
         self.config = config
         # What the RPC side validates against; none of it changes after construction.
         self.limits = EngineLimits(
-            vocab_size=self.runner.vocab_size,
+            vocab_size=runner.vocab_size,
             context_length=config.context_length,
-            num_kv_tokens=kv_pool.num_tokens,
+            num_kv_tokens=self.kv_pool.num_tokens,
             max_waiting_requests=config.max_waiting_requests,
             runner=config.runner,
-            hidden_size=model.config.hidden_size,
+            hidden_size=runner.model.config.hidden_size,
         )
-        self.sampler = Sampler(device, stop_checker.eos_token_ids)
-        self._worker = ForwardWorker(self.runner, self.sampler) if config.overlap_schedule else None
+        self._worker = ForwardWorker(runner, sampler) if config.overlap_schedule else None
         self._inflight: InflightStep | None = None  # launched, not yet committed
         self.grammars = GrammarCompiler(
-            stop_checker.tokenizer, self.runner.vocab_size, stop_checker.eos_token_ids
+            stop_checker.tokenizer, runner.vocab_size, stop_checker.eos_token_ids
         )
         self._compiling: list[Req] = []  # waiting requests whose grammar is not compiled yet
         self.waiting = WaitingQueue()
@@ -142,10 +144,26 @@ class Scheduler:
         self._pending_rows: list[OutputRow] = []  # final rows produced between steps
         # The tokenizer's BOS (HF tokenizers have one attribute for it; None if it has none).
         bos_token_id = getattr(stop_checker.tokenizer, "bos_token_id", None)
-        self.sessions = SessionManager(self.kv, self.runner, bos_token_id)
+        self.sessions = SessionManager(self.kv, runner, bos_token_id)
         # Every count the scheduler keeps (steps, tokens, retractions, ...) lives here, and
         # only here, until ``take_stats`` hands it over.
         self.stats = SchedulerStats()
+
+    @classmethod
+    def create(
+        cls,
+        model: CausalLM,
+        kv_pool: KVPool,
+        stop_checker: StopChecker,
+        config: SchedulerConfig,
+        device: torch.device | str = "cpu",
+        sample_kernel: SampleKernel | None = None,
+    ) -> Scheduler:
+        """A scheduler with a runner of ``model`` over ``kv_pool`` and a sampler of its own
+        (with ``sample_kernel`` where one is loaded): what tests and benchmarks build."""
+        runner = ModelRunner(model, kv_pool, device)
+        sampler = Sampler(runner.device, stop_checker.eos_token_ids, kernel=sample_kernel)
+        return cls(runner, sampler, stop_checker, config)
 
     # ---- requests in and out -------------------------------------------------
 
