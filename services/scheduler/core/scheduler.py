@@ -13,10 +13,10 @@ Owns the scheduling policy, every ``Req``'s state, KV slot allocation (through
 belong to ``ModelRunner``; sampling to ``Sampler``: both are built by the caller (with the
 machine's compiled kernels, transport/engine_build.py) and only ``execute`` calls them.
 
-Scheduling per step, under a token budget: running requests first (decodes take
-one token each; a prompt being prefilled takes a chunk), retracting the
-lowest-priority, newest running request when KV runs out; then waiting requests
-in priority order, each starting from its longest cached prefix.
+Scheduling per step, under a token budget: the last tokens of finished session requests
+(their K/V only), running requests (decodes take one token each; a prompt being prefilled
+takes a chunk), retracting the lowest-priority, newest running request when KV runs out;
+then waiting requests in priority order, each starting from its longest cached prefix.
 """
 
 from __future__ import annotations
@@ -111,9 +111,12 @@ class Scheduler:
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
         self._pending_rows: list[OutputRow] = []  # final rows produced between steps
+        # Finished session requests whose last token's K/V the next step computes; they
+        # keep their KV until it is committed (``_schedule_last_tokens``).
+        self._last_tokens: list[Req] = []
         # The tokenizer's BOS (HF tokenizers have one attribute for it; None if it has none).
         bos_token_id = getattr(stop_checker.tokenizer, "bos_token_id", None)
-        self.sessions = SessionManager(self.kv, runner, bos_token_id)
+        self.sessions = SessionManager(self.kv, bos_token_id)
         # Every count the scheduler keeps (steps, tokens, retractions, ...) lives here, and
         # only here, until ``take_stats`` hands it over.
         self.stats = SchedulerStats()
@@ -207,7 +210,11 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(
-            len(self.waiting) or self.running or self._pending_rows or self._inflight is not None
+            len(self.waiting)
+            or self.running
+            or self._pending_rows
+            or self._inflight is not None
+            or self._last_tokens
         )
 
     # ---- one step: schedule -> execute -> commit -----------------------------------
@@ -262,11 +269,25 @@ class Scheduler:
         token it computes. Changes request and queue state (admissions, retractions), so
         every plan is executed and committed, in order."""
         out = SchedulerOutput(self.config.max_num_batched_tokens)
+        if self._last_tokens:
+            self._schedule_last_tokens(out)
         self._schedule_running(out)
         if len(self.waiting):
             self._schedule_waiting(out)
         self._close(out)
         return out
+
+    def _schedule_last_tokens(self, out: SchedulerOutput) -> None:
+        """Each finished session request computes its last token's K/V (a chunk that
+        samples nothing; its KV is pinned when committed). Without a slot to spare, its KV
+        is pinned as it is: the next turn recomputes that token."""
+        finishing, self._last_tokens = self._last_tokens, []
+        for req in finishing:
+            if out.budget > 0 and self.kv.can_allocate(1):
+                out.kv_only_rows.append(len(out.reqs))
+                self._plan_chunk(out, req, 1)
+            else:
+                self._keep_session_kv(req)
 
     def _schedule_running(self, out: SchedulerOutput) -> None:
         # Decodes first (one token each), then the next chunks of prompts being prefilled.
@@ -339,6 +360,8 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput) -> None:
         sharing = [r for r in self.running if self._is_computing_prompt(r)]
+        # A continuation waits for its parent's last token to be computed and pinned.
+        settling = {out.reqs[i].rid for i in out.kv_only_rows}
         for req in self.waiting:
             if out.budget <= 0 or len(self.running) >= self.config.max_running_requests:
                 return
@@ -346,6 +369,8 @@ class Scheduler:
                 continue  # its grammar is still compiling
             if any(r.input_ids == req.input_ids for r in sharing):
                 continue  # wait for that prompt's KV to be cached, then share it
+            if settling and req.session is not None and req.session.rid in settling:
+                continue
             if not self._admit(out, req):
                 return
             if self._is_computing_prompt(req):
@@ -388,7 +413,8 @@ class Scheduler:
         of theirs is in KV after this step), which end with their prompt (they asked for
         no token: scoring, pooling), the prompt rows to score and pool, the slot lists."""
         reqs = out.reqs
-        for i, req in enumerate(reqs):
+        for i in range(len(out.kv_only_rows), len(reqs)):  # KV-only rows come first
+            req = reqs[i]
             if req.num_uncomputed == 0:
                 rows = out.sample_rows if req.params.max_new_tokens > 0 else out.prompt_only_rows
                 rows.append(i)
@@ -402,7 +428,7 @@ class Scheduler:
         """Whether the next step may be scheduled before ``inflight`` is committed: it ran
         only decodes of plain requests, and so will the next (no request that could be
         admitted, room for every decode)."""
-        if not inflight.is_chainable:
+        if not inflight.is_chainable or self._last_tokens:
             return False
         running = self.running
         if len(self.waiting) and len(running) < self.config.max_running_requests:
@@ -439,8 +465,8 @@ class Scheduler:
 
     def commit(self, out: SchedulerOutput, result: ExecuteOutput) -> list[OutputRow]:
         """Apply an executed step: prompt logprobs and pooled rows gathered, computed prompts
-        shared in the prefix cache, prompt-only requests ended, sampled tokens appended and
-        checked for stops. Returns the rows due now."""
+        shared in the prefix cache, finished sessions' KV pinned, prompt-only requests
+        ended, sampled tokens appended and checked for stops. Returns the rows due now."""
         reqs = out.reqs
         record_spans(reqs, out.prompt_spans, result.prompt_logprobs)
         record_pool_spans(reqs, out.pool_spans, result.pooled)
@@ -448,6 +474,8 @@ class Scheduler:
         for req, prefix_len in zip(reqs, out.prefix_lens, strict=True):
             if prefix_len < len(req.input_ids):
                 self.kv.cache_prefix(req)  # share the prompt as soon as it is computed
+        for i in out.kv_only_rows:
+            self._keep_session_kv(reqs[i])
         # A request ended while its step was in flight (an abort) is skipped.
         ended = [reqs[i] for i in out.prompt_only_rows if not reqs[i].is_finished]
         rows = [self._end_prompt_only(req) for req in ended]
@@ -515,8 +543,15 @@ class Scheduler:
         req.finish = finish
         req.status = status
         req.times.finished = time.time()
-        if req.session is not None:
-            self.sessions.on_finish(req)  # keeps a complete request's tokens in KV
-        self.kv.release(req)
+        if req.session is not None and self.sessions.on_finish(req):
+            self._last_tokens.append(req)  # keeps its KV until its last token is computed
+        else:
+            self.kv.release(req)
         self.reqs.pop(req.rid, None)
         self.stats.finished.append(FinishedReqStats.of(req))
+
+    def _keep_session_kv(self, req: Req) -> None:
+        """A finished session request whose last token was computed (or found no slot):
+        its tokens pinned for its session, then its KV released like any other's."""
+        self.sessions.pin(req)
+        self.kv.release(req)

@@ -44,6 +44,9 @@ class SchedulerOutput:
     num_tokens: int = 0  # new tokens in all
     sample_rows: list[int] = field(default_factory=list)  # each samples its next token
     prompt_only_rows: list[int] = field(default_factory=list)  # prompt done, nothing to sample
+    # Finished session requests whose last token only gets its K/V (sessions.py). They are
+    # scheduled first: rows ``0 .. len(kv_only_rows) - 1``.
+    kv_only_rows: list[int] = field(default_factory=list)
     prompt_spans: list[PromptSpan] = field(default_factory=list)  # prompt rows to score
     pool_spans: list[PoolSpan] = field(default_factory=list)  # prompt rows to pool
     has_placeholders: bool = False  # some input is a token the step before is sampling
