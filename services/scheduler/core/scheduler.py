@@ -139,14 +139,19 @@ class Scheduler:
 
     # ---- requests in and out -------------------------------------------------
 
-    def add_request(self, req: Req) -> None:
-        """Queue a request; ALREADY_EXISTS while a request with its rid is live."""
+    def add_request(self, req: Req, *, validated: bool = False) -> None:
+        """Queue a request; ALREADY_EXISTS while a request with its rid is live.
+        ``validated``: ``EngineLimits.validate`` already passed it (the RPC side's), so
+        only a session's joined prompt is checked again."""
         if req.rid in self.reqs:
             raise AlreadyExistsError(f"request id {req.rid!r} is already in flight", field="rid")
         if len(self.waiting) >= self.config.max_waiting_requests:
             raise ResourceExhaustedError("scheduler waiting queue is full")
         joining = None if req.session is None else self.sessions.prepare(req, req.session)
-        self.validate(req)
+        if not validated:
+            self.validate(req)
+        elif joining is not None:
+            self.limits.check_fits(req)
         if req.params.seed is not None:
             req.generator = torch.Generator(device=self.runner.device)
             req.generator.manual_seed(req.params.seed)

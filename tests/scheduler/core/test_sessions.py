@@ -9,6 +9,11 @@ from pathlib import Path
 import pytest
 
 from services.common.errors import AlreadyExistsError, InvalidArgumentError
+from services.scheduler.core.commands import (
+    AbortOwnedCommand,
+    CloseSessionCommand,
+    OpenSessionCommand,
+)
 from services.scheduler.core.req import Req, SessionParams
 from services.scheduler.core.scheduler import Scheduler
 from services.scheduler.core.scheduler_output import ExecuteOutput, SchedulerOutput
@@ -243,13 +248,13 @@ def test_the_engine_thread_answers_session_commands(default_model_dir: Path) -> 
     finished: list[str] = []
     engine = EngineThread(
         make_scheduler(default_model_dir),
-        lambda rows: finished.extend(r.rid for r in rows if r.HasField("finish_reason")),
+        lambda rows: finished.extend(r.rid for r in rows if r.finish is not None),
     )
     engine.start()
     try:
-        engine.open_session("s", 100, OWNER).result(timeout=10)
+        engine.ask(OpenSessionCommand("s", 100, OWNER)).result(timeout=10)
         with pytest.raises(AlreadyExistsError):
-            engine.open_session("s", 100, OWNER).result(timeout=10)
+            engine.ask(OpenSessionCommand("s", 100, OWNER)).result(timeout=10)
         orphan = turn("orphan", ids(26, 3), SessionParams("s", rid="nope"))
         refusal = engine.add_request(orphan)
         assert refusal is not None
@@ -260,9 +265,9 @@ def test_the_engine_thread_answers_session_commands(default_model_dir: Path) -> 
         wait_until(lambda: "t1" in finished, timeout=30)
         assert len(engine.live) == 0 and "orphan" not in finished  # refused: no row at all
         assert engine.stats.num_sessions == 1
-        engine.abort_owned(OWNER, "frontend went away")
+        engine.tell(AbortOwnedCommand(OWNER, "frontend went away"))
         wait_until(lambda: engine.stats.num_sessions == 0)
         with pytest.raises(InvalidArgumentError):
-            engine.close_session("s").result(timeout=10)
+            engine.ask(CloseSessionCommand("s")).result(timeout=10)
     finally:
         engine.stop()
