@@ -1,7 +1,7 @@
 """Every command the engine takes, each declared once: its fields and what it does.
 
 A command is plain data that travels unchanged, on a queue to an engine thread or
-pickled through the engine process's pipe (``transport/engine_codec.py``, generic: no
+as Protobuf through the engine process's pipe (``transport/engine_codec.py``, generic: no
 per-command code), and ``apply`` runs on the engine between steps, in the order the
 commands were sent. The RPC side sends one with ``EngineClient.ask`` (the caller's
 future gets what ``apply`` returns, or the ``TokenlineError`` it raises) or

@@ -4,7 +4,7 @@ that go in are in ``commands.py``.
 
 Plain data and nothing live, so the same objects serve an engine on a thread
 (``transport/engine_thread.py``) and one in its own process
-(``transport/engine_process.py``, which pickles them: ``transport/engine_codec.py``).
+(``transport/engine_process.py``, framed as Protobuf by ``transport/engine_codec.py``).
 An answered command carries a ticket; the engine answers it in an output and the RPC
 side (``transport/engine_client.py``) resolves the caller's future.
 """

@@ -2,7 +2,7 @@
 ``TokenIDRow``), with ``RowInit`` on a request's first row.
 
 Rows are snapshots made on the engine thread that share nothing mutable with the live
-``Req``: the transport reads them (or they are pickled for the gRPC process) while the
+``Req``: the transport reads them (or encodes them for the gRPC process) while the
 engine steps on, and nobody writes to one once made.
 """
 

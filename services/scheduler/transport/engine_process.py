@@ -8,8 +8,8 @@ Here the gRPC process keeps only the RPC side (``EngineClient``) and the engine 
 
 * The child is forked before the gRPC process starts any thread (``EngineLaunch``), so
   it starts with every module imported, and loads the model while gRPC starts.
-* Both directions are frames on a private pipe: the boundary's own typed messages,
-  pickled by ``engine_codec.py`` (which says why that is safe on this pipe alone).
+* Both directions are frames on a private pipe: the boundary's own typed messages as
+  Protobuf, written and read by the generic ``engine_codec.py``.
 * Commands: the RPC side puts them on a bounded ``queue.Queue`` and a sender thread
   encodes and writes them, so an RPC never waits for a busy engine; the engine reads
   what has arrived between steps.

@@ -1,19 +1,23 @@
 """The engine pipe's codec: every command, answer, row and count comes back from its frame
-as it went in (rows and counts from a real engine step), nothing but our plain data can be
-decoded, and a request crosses it validated once, on the RPC side."""
+as it went in (rows and counts from a real engine step), plain data keeps its kind,
+nothing but the registered types of the boundary can be decoded (and every type the
+boundary's messages hold is registered), and a request crosses it validated once, on
+the RPC side."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import pickle
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from tokenline.v1 import common_pb2, scheduler_pb2
+from tokenline.v1.engine_pb2 import Ints, Record, Value
 
+from services.common import errors as errors_module
 from services.common.errors import (
     AlreadyExistsError,
     InvalidArgumentError,
@@ -21,6 +25,7 @@ from services.common.errors import (
     TokenlineError,
 )
 from services.common.sampling_params import SamplingParams
+from services.scheduler.core import commands as commands_module
 from services.scheduler.core.commands import (
     NO_TICKET,
     AbortCommand,
@@ -28,16 +33,32 @@ from services.scheduler.core.commands import (
     AbortStartedCommand,
     AddCommand,
     CloseSessionCommand,
+    EngineCommand,
     FlushCommand,
     OpenSessionCommand,
 )
 from services.scheduler.core.messages import EngineLimits, EngineOutput, EngineStats, FlushOutcome
-from services.scheduler.core.output_row import OutputRow
-from services.scheduler.core.req import DecodeFlags, Req, ReqTimes, SessionParams
-from services.scheduler.core.scheduler import Scheduler
-from services.scheduler.sampling.prompt_logprobs import PromptLogprobState
+from services.scheduler.core.output_row import OutputRow, RowInit
+from services.scheduler.core.req import (
+    DecodeFlags,
+    FinishInfo,
+    Req,
+    ReqStatus,
+    ReqTimes,
+    SessionParams,
+)
+from services.scheduler.core.stats import FinishedReqStats, SchedulerStats
+from services.scheduler.model_executor.pooling import PoolingState
+from services.scheduler.sampling.prompt_logprobs import PromptLogprob, PromptLogprobState
 from services.scheduler.transport.engine_client import EngineClient
-from services.scheduler.transport.engine_codec import decode, encode
+from services.scheduler.transport.engine_codec import (
+    BOUNDARY,
+    ENGINE_ONLY,
+    BoundaryTypes,
+    CodecError,
+    decode,
+    encode,
+)
 from services.scheduler.transport.engine_core import EngineCore
 from services.scheduler.transport.proto_codec import req_from_pb
 from tests.scheduler.factories import make_req, make_scheduler
@@ -143,26 +164,137 @@ def test_a_step_output_comes_back_equal(default_model_dir: Path) -> None:
     assert got.answers[4][1].retry_after_s == 2.5
 
 
-class _Shell:
-    """Something of ours that is not plain data."""
+def test_a_pooling_request_crosses_with_its_pooling_state() -> None:
+    sent = make_req("e-1", PROMPT, max_new_tokens=0)
+    sent.pooling = PoolingState("mean", normalize=False)
+    _, command = decode(encode((NO_TICKET, AddCommand(sent))))
+    assert _fields(command.req) == _fields(sent) and command.req.pooling is not sent.pooling
 
-    def __reduce__(self) -> tuple[Callable[..., object], tuple[object, ...]]:
-        return (Scheduler, ())
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [1, 2, 3],
+        (1, 2, 3),
+        [0.5, 1.5],
+        (0.5, 1.5),
+        [],
+        (),
+        [True, False],
+        [1, True],  # Protobuf refuses a bool as an int: item by item
+        [1.5, 2],  # not all floats: item by item, the 2 stays an int
+        (7, 0.25, [(1, -0.5)]),
+        {5: 1.5, "a": None},
+        [2**63 - 1, -(2**63)],
+        b"\x00\xff",
+        "ok",
+    ],
+)
+def test_plain_data_keeps_its_kind(value: object) -> None:
+    got = decode(encode(value))
+    assert got == value and type(got) is type(value)
+    if isinstance(value, list | tuple):
+        assert [type(item) for item in got] == [type(item) for item in value]
 
 
-class _Exploit:
-    def __reduce__(self) -> tuple[Callable[..., object], tuple[object, ...]]:
-        return (os.system, ("true",))
+def test_token_ids_and_floats_travel_packed() -> None:
+    frame = Value.FromString(encode((list(range(500)), (0.5,) * 64)))
+    ids, floats = frame.tuple.values
+    assert ids.WhichOneof("kind") == "int_list" and floats.WhichOneof("kind") == "float_tuple"
+
+
+def _frame(type_name: str, *fields: Value) -> bytes:
+    return Value(record=Record(type=type_name, fields=fields)).SerializeToString()
 
 
 @pytest.mark.parametrize(
     "frame",
-    [pickle.dumps(_Exploit()), pickle.dumps(_Shell()), pickle.dumps(len), pickle.dumps(_Shell)],
-    ids=["os.system", "a live class of ours", "a builtin", "a class outside services"],
+    [
+        _frame("Scheduler"),
+        _frame("system", Value(str_value="true")),
+        _frame("TreeNode", Value(int_list=Ints(values=[1]))),  # engine state, never sent
+        _frame("services.scheduler.core.commands.AbortCommand"),
+        Value().SerializeToString(),
+    ],
+    ids=["a live class of ours", "a builtin", "engine-only state", "a dotted path", "empty"],
 )
 def test_a_frame_that_names_anything_but_our_plain_data_is_refused(frame: bytes) -> None:
-    with pytest.raises(pickle.UnpicklingError, match="may not cross the engine pipe"):
+    with pytest.raises(CodecError, match="engine pipe"):
         decode(frame)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [object(), len, torch.zeros(1), {1, 2}, [1, print]],
+    ids=["an object", "a builtin", "a tensor", "a set", "nested"],
+)
+def test_encoding_anything_but_our_plain_data_is_refused(message: object) -> None:
+    with pytest.raises(CodecError, match="may not cross the engine pipe"):
+        encode(message)
+
+
+def test_every_command_answer_error_and_nested_type_is_registered() -> None:
+    """Walked from the type hints, so a command, an answer or a nested record added later
+    is found without being listed anywhere."""
+    registered = set(BOUNDARY.by_name.values())
+    commands = {c for c in vars(commands_module).values() if _is_command(c)}
+    errors = {e for e in vars(errors_module).values() if _is_error(e)}
+    nested = {Req, SamplingParams, DecodeFlags, ReqTimes, SessionParams, ReqStatus}
+    nested |= {PromptLogprobState, PromptLogprob, PoolingState, FinishInfo, RowInit}
+    nested |= {OutputRow, EngineStats, SchedulerStats, FinishedReqStats, FlushOutcome}
+    assert commands and errors
+    assert commands | errors | nested | {EngineOutput, EngineLimits} <= registered
+    assert not registered & ENGINE_ONLY
+
+
+def _is_command(value: object) -> bool:
+    return (
+        isinstance(value, type) and issubclass(value, EngineCommand) and value is not EngineCommand
+    )
+
+
+def _is_error(value: object) -> bool:
+    return isinstance(value, type) and issubclass(value, TokenlineError)
+
+
+def _classes_in(value: object, seen: set[type]) -> set[type]:
+    """Every class of an object inside ``value`` other than builtin containers and scalars."""
+    if isinstance(value, list | tuple):
+        for item in value:
+            _classes_in(item, seen)
+    elif isinstance(value, dict):
+        _classes_in(list(value.items()), seen)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        seen.add(type(value))
+        _classes_in([getattr(value, f.name) for f in dataclasses.fields(value)], seen)
+    elif not isinstance(value, str | bytes | int | float | type(None)):
+        seen.add(type(value))
+    return seen
+
+
+def test_every_class_inside_real_messages_is_registered(default_model_dir: Path) -> None:
+    """The type hints tell the truth: what a full request and a real step hold is what
+    the walk registered (a field hinted ``object`` would slip past the walk, not this)."""
+    scheduler = make_scheduler(default_model_dir)
+    req = make_req("a", PROMPT, temperature=0.0, max_new_tokens=2)
+    req.return_logprob, req.top_logprobs_num = True, 2
+    req.prompt_logprobs = PromptLogprobState.create(PROMPT, 0, 2)
+    messages: list[object] = [AddCommand(_full_req()), EngineLimits(1, 2, 3, 4)]
+    scheduler.add_request(req)
+    while scheduler.has_work:
+        messages += [scheduler.step(), scheduler.take_stats()]
+    found = _classes_in(messages, set())
+    assert OutputRow in found and RowInit in found and FinishInfo in found
+    assert found <= set(BOUNDARY.by_name.values())
+
+
+def test_a_reachable_type_that_is_not_plain_data_fails_the_walk() -> None:
+    @dataclasses.dataclass
+    class Carrier:
+        lock: threading.Lock
+
+    with pytest.raises(TypeError, match="Carrier.lock.*cannot cross the engine pipe"):
+        BoundaryTypes([Carrier])
 
 
 def _counting(calls: dict[str, int], name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
