@@ -41,7 +41,7 @@ from services.scheduler.model_executor.forward_batch import ForwardBatch
 from services.scheduler.model_executor.models.config import ModelConfig
 from services.scheduler.model_executor.models.dtype import AUTO, DTYPES, choose_dtype
 from services.scheduler.model_executor.models.loader import load_model
-from services.scheduler.transport.engine_build import attach_kernels
+from services.scheduler.transport.engine_build import load_kernels
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -104,7 +104,14 @@ def build(args: BenchArgs, overlap: bool = False) -> Scheduler:
     device = torch.device(args.device)
     choice = choose_dtype(args.dtype, ModelConfig.from_dir(args.model).dtype, device)
     print(f"dtype {choice.name} ({choice.reason})", flush=True)
-    model, config = load_model(args.model, choice.dtype, device, args.attention_backend)
+    kernels = load_kernels(args.model, device)
+    model, config = load_model(
+        args.model,
+        choice.dtype,
+        device,
+        args.attention_backend,
+        decode_kernel=kernels.decode_attention,
+    )
     max_c = max(args.concurrency)
     # Requests, scratch for the paired bare forwards, and the TTFT prefixes.
     num_tokens = 2 * max_c * (args.prompt_len + args.output_len) + 4 * (args.prefix_len + 64)
@@ -117,8 +124,9 @@ def build(args: BenchArgs, overlap: bool = False) -> Scheduler:
     sched_config = SchedulerConfig(
         max_running_requests=max_c, max_num_batched_tokens=1024, overlap_schedule=overlap
     )
-    scheduler = Scheduler(model, pool, stop_checker, sched_config, args.device)
-    attach_kernels(scheduler, args.model, device)
+    scheduler = Scheduler.create(
+        model, pool, stop_checker, sched_config, args.device, sample_kernel=kernels.sample
+    )
     print(f"sampler: {'compiled kernel' if scheduler.sampler.kernel else 'eager'}", flush=True)
     attention_kernel = getattr(scheduler.runner.model.attn_backend, "decode_kernel", False)
     print(f"decode attention: {'compiled kernel' if attention_kernel else 'SDPA'}", flush=True)

@@ -13,6 +13,7 @@ from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.envs import env_default, parse_bool
 from services.common.grpc_server import GrpcProcess, wait_until
 from services.common.service_flags import parse_service_args, run_service, service_parser
+from services.scheduler.core.commands import AbortStartedCommand
 from services.scheduler.core.messages import RUNNERS
 from services.scheduler.core.stats import SchedulerStats
 from services.scheduler.model_executor.models.dtype import AUTO, DTYPES
@@ -216,7 +217,7 @@ async def serve(config: SchedulerProcessConfig) -> None:
     metrics = SchedulerMetrics(model_name)
     pusher = DetokenizerPusher(
         config.detokenizer_addr,
-        on_stream_lost=lambda reason: engine.abort_started(reason),
+        on_stream_lost=lambda reason: engine.tell(AbortStartedCommand(reason)),
         tls=config.tls,
         cluster_token=config.cluster_token,
     )

@@ -39,7 +39,7 @@ def make_scheduler(
     stop_checker = StopChecker(
         _TOKENIZERS[str(model_dir)], set(model_config.eos_token_ids), model_config.max_context_len
     )
-    return Scheduler(model, pool, stop_checker, SchedulerConfig(**config))
+    return Scheduler.create(model, pool, stop_checker, SchedulerConfig(**config))
 
 
 def make_req(rid: str, input_ids: list[int], **params: object) -> Req:

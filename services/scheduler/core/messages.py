@@ -1,12 +1,12 @@
-"""What crosses the engine boundary: commands in, ``EngineOutput`` out, and the limits
-the RPC side validates against.
+"""What the engine sends back across its boundary (``EngineOutput``, with its gauges,
+rows, counts and answers) and the limits the RPC side validates against; the commands
+that go in are in ``commands.py``.
 
-Plain data and nothing live, so the same messages serve an engine on a thread
+Plain data and nothing live, so the same objects serve an engine on a thread
 (``transport/engine_thread.py``) and one in its own process
-(``transport/engine_process.py``, which sends them as Protobuf:
-``transport/engine_codec.py``). A command that needs an answer carries a ``ticket``; the
-engine answers it in an output and the RPC side (``transport/engine_client.py``) resolves
-the caller's future.
+(``transport/engine_process.py``, framed as Protobuf by ``transport/engine_codec.py``).
+An answered command carries a ticket; the engine answers it in an output and the RPC
+side (``transport/engine_client.py``) resolves the caller's future.
 """
 
 from __future__ import annotations
@@ -14,79 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from tokenline.v1 import scheduler_pb2
-
-from services.common.errors import InvalidArgumentError, TokenlineError
+from services.common.errors import InvalidArgumentError
+from services.scheduler.core.output_row import OutputRow
 from services.scheduler.core.req import Req
 from services.scheduler.core.stats import SchedulerStats
 
-NO_TICKET = 0  # a command nobody waits on
 # What the engine serves (--runner, vLLM's name): "generate" runs every kind of request;
 # "pooling" only pooling (embedding) requests, so no decode step ever runs.
 Runner = Literal["generate", "pooling"]
 RUNNERS: tuple[Runner, ...] = ("generate", "pooling")
-
-
-@dataclass(frozen=True, slots=True)
-class AddCommand:
-    req: Req
-    # A request in a session is checked against the session by the engine, whose verdict
-    # answers this ticket; other requests are answered on the RPC side.
-    ticket: int = NO_TICKET
-
-
-@dataclass(frozen=True, slots=True)
-class OpenSessionCommand:
-    session_id: str
-    capacity: int
-    owner: str
-    ticket: int
-
-
-@dataclass(frozen=True, slots=True)
-class CloseSessionCommand:
-    session_id: str
-    ticket: int
-
-
-@dataclass(frozen=True, slots=True)
-class AbortCommand:
-    rid: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class AbortStartedCommand:
-    """Abort every live request whose first row already went downstream."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class AbortOwnedCommand:
-    """Abort every live request that ``owner`` (a frontend id) sent: its lease ended."""
-
-    owner: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class FlushCommand:
-    """Empty the prefix cache unless a request is running or waiting (SGLang refuses
-    then too); answered with a ``FlushOutcome``."""
-
-    ticket: int
-
-
-Command = (
-    AddCommand
-    | AbortCommand
-    | AbortStartedCommand
-    | AbortOwnedCommand
-    | FlushCommand
-    | OpenSessionCommand
-    | CloseSessionCommand
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +35,9 @@ class FlushOutcome:
     reason: str = ""  # why not, when not flushed
 
 
-# None (done), the refusal, or a flush's outcome.
-Answer = TokenlineError | FlushOutcome | None
+# What a command's ``apply`` returned (None, a ``FlushOutcome``, ...), or the
+# ``TokenlineError`` it raised.
+Answer = object
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +62,8 @@ class EngineOutput:
     idle: bool  # no request waits, runs or has a row still to send
     num_applied: int = 0  # commands applied since the previous output
     answers: tuple[tuple[int, Answer], ...] = ()  # (ticket, answer)
-    # A step's rows, in order, already as the detokenizer takes them: the gRPC process
-    # only reads their rid and finish, and forwards them without decoding.
-    rows: tuple[scheduler_pb2.TokenIDRow, ...] = ()
+    # A step's rows, in order; the gRPC process makes the detokenizer's protobuf of them.
+    rows: tuple[OutputRow, ...] = ()
     stats: SchedulerStats | None = None  # a step's counts
 
 
@@ -153,6 +89,15 @@ class EngineLimits:
             raise InvalidArgumentError(
                 f"token ids must be in [0, {self.vocab_size})", field="prompt"
             )
+        self.check_fits(req)
+        req.params.validate(self.vocab_size)
+        if req.prompt_logprobs is not None:
+            req.prompt_logprobs.validate(len(req.input_ids))
+
+    def check_fits(self, req: Req) -> None:
+        """INVALID_ARGUMENT unless the prompt fits the context. The one check the engine
+        repeats on a request the RPC side validated: a session puts its parent's ids in
+        front of the new ones, which only the engine knows."""
         # A pooling request keeps no output token, so its prompt may fill the context.
         num_tokens = len(req.input_ids) + (0 if req.pooling is not None else 1)
         if num_tokens > min(self.context_length, self.num_kv_tokens):
@@ -160,9 +105,6 @@ class EngineLimits:
                 f"prompt of {len(req.input_ids)} tokens does not fit the context",
                 field="prompt",
             )
-        req.params.validate(self.vocab_size)
-        if req.prompt_logprobs is not None:
-            req.prompt_logprobs.validate(len(req.input_ids))
 
     def _validate_kind(self, req: Req) -> None:
         """A pooling request asks for nothing generated; a pooling runner takes nothing else."""

@@ -1,8 +1,9 @@
 """What one engine step reports per request: ``OutputRow`` (the domain twin of
 ``TokenIDRow``), with ``RowInit`` on a request's first row.
 
-Rows are immutable snapshots made on the engine thread, so the transport may read them on
-another thread (or encode them for another process) while the engine steps on.
+Rows are snapshots made on the engine thread that share nothing mutable with the live
+``Req``: the transport reads them (or encodes them for the gRPC process) while the
+engine steps on, and nobody writes to one once made.
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ class RowInit:
     prompt_tail_ids: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class OutputRow:
     """What one request produced in one step (domain twin of TokenIDRow).
 
     A snapshot made on the engine thread that shares nothing mutable with the live
-    ``Req``, so the transport may read it on another thread while the engine steps on.
+    ``Req``. Not frozen, though nothing writes to it: the gRPC process rebuilds every row
+    of every step from the engine process's pipe, and a frozen dataclass's ``__init__``
+    sets each field through ``object.__setattr__``, about five times the cost
+    (docs/benchmarks.md#the-engine-pipes-codec).
     """
 
     rid: str

@@ -1,60 +1,60 @@
-"""Overlap scheduling: step N+1 is planned and launched before step N is committed.
+"""Overlap scheduling: the three calls of a step, pipelined.
 
-As in SGLang's overlap scheduler and vLLM's async scheduling, a forward worker thread
-runs the forward and the sampler of one step while the engine thread commits the step
-before it (stop checks, output rows, what the engine loop then emits and reads) and
-plans the next. A decode in the next step feeds the token the in-flight step is still
-sampling, so the plan carries a placeholder (``pending_token``) that the worker fills
-from the previous job's tokens before it builds the batch: the engine thread never waits
-for a token to plan. A request that turns out to have finished in step N has already
-been planned into N+1; its extra row is computed and dropped, as in the peers.
+As in SGLang's overlap scheduler and vLLM's async scheduling, a forward worker thread runs
+``execute`` (forward and sampling) while the engine thread commits the step before it
+(stop checks, output rows, what the engine loop then emits and reads) and schedules the
+next. The code is the same as without overlap; only where ``execute`` runs and when
+``commit`` follows it differ (``Scheduler.step``): every step is submitted to the worker,
+and committed by the next ``step()`` call, after that call has scheduled and submitted its
+own step when the two may overlap, before it schedules otherwise.
 
-Only decode steps of plain requests chain. Whatever needs a committed step first is
-run the synchronous way after the in-flight step is committed: admitting or prefilling
+A decode in the next step feeds the token the in-flight step is still sampling, so the
+plan carries a placeholder (``pending_token``) that the worker fills from the previous
+step's sample before it builds the batch: the engine thread never waits for a token to
+schedule. A request that turns out to have finished in step N has already been scheduled
+into N+1; its extra row is computed and dropped, as in the peers.
+
+Only decode steps of plain requests overlap. Whatever needs a committed step first waits
+for the in-flight step to be committed before it is scheduled: admitting or prefilling
 prompts (their prefix goes into the radix cache once computed), retracting for room,
 grammars and penalties (per-token state the sampler reads), min_tokens still pending,
 prompt logprobs and sessions.
 
 The worker is the only thread that runs the model and the sampler while a step is in
-flight, and it runs jobs in submission order, so every K/V write happens in plan order:
-a slot freed by a commit and handed to a later plan is written only after the in-flight
-step that may still read it. It gets copies of the slot lists, and of each ``Req`` it
-reads only what a chaining request never changes (its parameters, its generator, which
-only the worker draws from then, and nothing that grows per token: ``can_chain``).
+flight, and it runs jobs in submission order, so every K/V write happens in schedule
+order: a slot freed by a commit and handed to a later step is written only after the
+in-flight step that may still read it. It gets copies of the slot lists, and of each
+``Req`` it reads only what an overlapping request never changes (its parameters, its
+generator, which only the worker draws from then, and nothing that grows per token:
+``can_chain``).
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-import torch
-
+from services.scheduler.core.executor import StepExecutor
 from services.scheduler.core.req import Req
-from services.scheduler.model_executor.model_runner import ForwardPlan, ModelRunner
+from services.scheduler.core.scheduler_output import ExecuteOutput, SchedulerOutput
 from services.scheduler.sampling.logits_processor import has_penalties
-from services.scheduler.sampling.sampler import SampleOutput, Sampler
-
-
-def pending_token(row: int) -> int:
-    """The input of a decode whose token is row ``row`` of the in-flight step's sample
-    (negative: no vocabulary id is); the worker puts the sampled token in its place."""
-    return -1 - row
 
 
 @dataclass(slots=True)
 class InflightStep:
-    """A launched step: its requests (each samples one token, in row order), the row of
-    each rid, and the sample to come."""
+    """A submitted step: its plan, the row of each sampling rid in its sample, the
+    result to come, and whether the next step may be scheduled before it is committed
+    (only decodes of requests that ``can_chain``)."""
 
-    reqs: list[Req]
+    out: SchedulerOutput
     rows: dict[str, int]
-    future: Future[SampleOutput]
+    future: Future[ExecuteOutput]
+    is_chainable: bool
 
 
 def can_chain(req: Req) -> bool:
-    """Whether the next token of ``req`` may be planned before its previous one is committed:
-    nothing its sampling or scheduling reads changes when a token is committed."""
+    """Whether the next token of ``req`` may be scheduled before its previous one is
+    committed: nothing its sampling or scheduling reads changes when a token is committed."""
     return (
         req.grammar is None
         and req.penalties is None
@@ -65,37 +65,31 @@ def can_chain(req: Req) -> bool:
     )
 
 
-class ForwardWorker:
-    """One thread that runs a step's forward and sampling, jobs strictly in order."""
+def is_chainable_step(out: SchedulerOutput) -> bool:
+    """Whether the next step may be scheduled on top of ``out``: every request decodes one
+    token and samples it, and each ``can_chain``."""
+    return all(
+        len(chunk) == 1 and prefix_len >= len(req.input_ids) and can_chain(req)
+        for req, chunk, prefix_len in zip(out.reqs, out.new_token_ids, out.prefix_lens, strict=True)
+    )
 
-    def __init__(self, runner: ModelRunner, sampler: Sampler) -> None:
-        self.runner = runner
-        self.sampler = sampler
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+
+class ForwardWorker:
+    """One thread that executes steps, strictly in submission order."""
+
+    def __init__(self, executor: StepExecutor) -> None:
+        self.executor = executor
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
 
     def submit(
-        self, plan: ForwardPlan, reqs: list[Req], previous: InflightStep | None
-    ) -> Future[SampleOutput]:
-        """Run ``plan`` and sample ``reqs`` from its logits; pending inputs take the tokens
-        ``previous`` sampled."""
-        return self._executor.submit(self._run, plan, reqs, previous)
+        self, out: SchedulerOutput, previous: Future[ExecuteOutput] | None
+    ) -> Future[ExecuteOutput]:
+        """Execute ``out``; its placeholders take the tokens ``previous`` sampled."""
+        return self._pool.submit(self._run, out, previous)
 
-    @torch.inference_mode()
-    def _run(
-        self, plan: ForwardPlan, reqs: list[Req], previous: InflightStep | None
-    ) -> SampleOutput:
-        if previous is not None:
-            plan = _resolve(plan, previous)
-        logits = self.runner.forward(plan)
-        return self.sampler.sample(logits, reqs)
-
-
-def _resolve(plan: ForwardPlan, previous: InflightStep) -> ForwardPlan:
-    """``plan`` with each pending input replaced by the token ``previous`` sampled for it.
-    Runs on the worker after ``previous`` ran there (jobs run in order): it is done."""
-    sampled = previous.future.result().token_ids
-    new_token_ids = [
-        [sampled[-1 - token] if token < 0 else token for token in chunk]
-        for chunk in plan.new_token_ids
-    ]
-    return replace(plan, new_token_ids=new_token_ids)
+    def _run(self, out: SchedulerOutput, previous: Future[ExecuteOutput] | None) -> ExecuteOutput:
+        tokens = None
+        if previous is not None and out.has_placeholders:
+            # Submitted before this job on this thread: done (or failed, and so is this).
+            tokens = previous.result().sampled.token_ids
+        return self.executor.execute(out, tokens)

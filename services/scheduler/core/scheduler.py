@@ -1,20 +1,22 @@
 """The scheduler core: continuous batching over a KV pool, no transport.
 
-``Scheduler.step()`` runs one engine step: schedule, forward, sample, check
-stops, release what finished, and return the rows to send downstream. It is
-single-threaded by contract (the engine thread owns it); tests call it directly.
-With ``overlap_schedule`` a decode step's forward and sampling run on a forward
-worker thread while ``step()`` commits the step before (overlap.py).
+``Scheduler.step()`` runs one engine step as three calls: ``schedule()`` decides what the
+forward runs (a ``SchedulerOutput``), ``StepExecutor.execute`` runs the forward and the
+sampler (executor.py), and ``commit()`` applies the result: stop checks, KV released for
+what finished, and the rows to send downstream. It is single-threaded by contract (the
+engine thread owns it); tests call it directly. With ``overlap_schedule`` the same calls
+are pipelined: a step's execute runs on a forward worker thread while the next step is
+scheduled and the one before is committed (overlap.py).
 
 Owns the scheduling policy, every ``Req``'s state, KV slot allocation (through
-``KVCacheManager``), sampling and stop checks. The forward itself, and every device
-tensor it needs, belong to ``ModelRunner``: the scheduler hands it a ``ForwardPlan``
-of host lists and gets back the logits of the rows it samples.
+``KVCacheManager``) and stop checks. The forward itself, and every device tensor it needs,
+belong to ``ModelRunner``; sampling to ``Sampler``: both are built by the caller (with the
+machine's compiled kernels, transport/engine_build.py) and only ``execute`` calls them.
 
-Scheduling per step, under a token budget: running requests first (decodes take
-one token each; a prompt being prefilled takes a chunk), retracting the
-lowest-priority, newest running request when KV runs out; then waiting requests
-in priority order, each starting from its longest cached prefix.
+Scheduling per step, under a token budget: the last tokens of finished session requests
+(their K/V only), running requests (decodes take one token each; a prompt being prefilled
+takes a chunk), retracting the lowest-priority, newest running request when KV runs out;
+then waiting requests in priority order, each starting from its longest cached prefix.
 """
 
 from __future__ import annotations
@@ -23,34 +25,37 @@ import logging
 import time
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from services.common.errors import AlreadyExistsError, ResourceExhaustedError
+from services.scheduler.core.executor import StepExecutor
 from services.scheduler.core.messages import EngineLimits, Runner
 from services.scheduler.core.output_row import OutputRow
 from services.scheduler.core.overlap import (
     ForwardWorker,
     InflightStep,
     can_chain,
-    pending_token,
+    is_chainable_step,
 )
 from services.scheduler.core.req import FinishInfo, Req, ReqStatus
+from services.scheduler.core.scheduler_output import (
+    ExecuteOutput,
+    SchedulerOutput,
+    pending_token,
+)
 from services.scheduler.core.sessions import SessionManager
 from services.scheduler.core.stats import FinishedReqStats, SchedulerStats
 from services.scheduler.core.stop_checker import StopChecker
 from services.scheduler.core.waiting_queue import WaitingQueue
 from services.scheduler.mem_cache.kv_cache import KVCacheManager
 from services.scheduler.mem_cache.kv_pool import KVPool
-from services.scheduler.model_executor.model_runner import CausalLM, ForwardPlan, ModelRunner
-from services.scheduler.model_executor.pooling import (
-    PoolSpan,
-    plan_pool_spans,
-    record_pool_spans,
-)
+from services.scheduler.model_executor.model_runner import CausalLM, ModelRunner
+from services.scheduler.model_executor.pooling import plan_pool_spans, record_pool_spans
+from services.scheduler.ops.cpu_kernels import SampleKernel
 from services.scheduler.sampling.grammar import GrammarCompiler, create_request_grammar
-from services.scheduler.sampling.prompt_logprobs import PromptSpan, plan_spans, record_spans
+from services.scheduler.sampling.prompt_logprobs import plan_spans, record_spans
 from services.scheduler.sampling.sampler import SampleOutput, Sampler
 
 logger = logging.getLogger(__name__)
@@ -72,91 +77,81 @@ class SchedulerConfig:
     runner: Runner = "generate"
 
 
-@dataclass(slots=True)
-class StepPlan:
-    """The requests one forward runs, with the new tokens each feeds."""
-
-    budget: int  # tokens still allowed this step
-    reqs: list[Req] = field(default_factory=list)
-    chunks: list[list[int]] = field(default_factory=list)
-    prefix_lens: list[int] = field(default_factory=list)  # tokens already in KV before this step
-    rids: set[str] = field(default_factory=set)
-
-    def forward_plan(
-        self,
-        logit_rows: list[int],
-        spans: list[PromptSpan],
-        *,
-        copy_slots: bool = False,
-        pool_spans: list[PoolSpan] | None = None,
-    ) -> ForwardPlan:
-        """What the model runner needs of this plan; call once scheduling is done (the
-        requests' slot lists are complete then). ``copy_slots`` for a runner on another
-        thread: the engine thread goes on growing the live lists while it reads them."""
-        kv_slots = [list(r.kv_slots) if copy_slots else r.kv_slots for r in self.reqs]
-        prompt_lens = [len(r.input_ids) for r in self.reqs]
-        return ForwardPlan(
-            self.chunks,
-            self.prefix_lens,
-            kv_slots,
-            logit_rows,
-            spans,
-            prompt_lens,
-            pool_spans or [],
-        )
-
-
 class Scheduler:
     def __init__(
         self,
-        model: CausalLM,
-        kv_pool: KVPool,
+        runner: ModelRunner,
+        sampler: Sampler,
         stop_checker: StopChecker,
         config: SchedulerConfig,
-        device: torch.device | str = "cpu",
     ) -> None:
-        self.runner = ModelRunner(model, kv_pool, device)
-        self.kv_pool = kv_pool  # the runner writes K/V into it; slots are allocated here
-        self.kv = KVCacheManager(kv_pool, config.enable_prefix_cache)
+        self.runner = runner
+        self.sampler = sampler
+        self.executor = StepExecutor(runner, sampler)
+        self.kv_pool = runner.kv_pool  # the runner writes K/V into it; slots are allocated here
+        self.kv = KVCacheManager(self.kv_pool, config.enable_prefix_cache)
         self.stop_checker = stop_checker
         self.config = config
         # What the RPC side validates against; none of it changes after construction.
         self.limits = EngineLimits(
-            vocab_size=self.runner.vocab_size,
+            vocab_size=runner.vocab_size,
             context_length=config.context_length,
-            num_kv_tokens=kv_pool.num_tokens,
+            num_kv_tokens=self.kv_pool.num_tokens,
             max_waiting_requests=config.max_waiting_requests,
             runner=config.runner,
-            hidden_size=model.config.hidden_size,
+            hidden_size=runner.model.config.hidden_size,
         )
-        self.sampler = Sampler(device, stop_checker.eos_token_ids)
-        self._worker = ForwardWorker(self.runner, self.sampler) if config.overlap_schedule else None
-        self._inflight: InflightStep | None = None  # launched, not yet committed
+        self._worker = ForwardWorker(self.executor) if config.overlap_schedule else None
+        self._inflight: InflightStep | None = None  # submitted, not yet committed
         self.grammars = GrammarCompiler(
-            stop_checker.tokenizer, self.runner.vocab_size, stop_checker.eos_token_ids
+            stop_checker.tokenizer, runner.vocab_size, stop_checker.eos_token_ids
         )
         self._compiling: list[Req] = []  # waiting requests whose grammar is not compiled yet
         self.waiting = WaitingQueue()
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
         self._pending_rows: list[OutputRow] = []  # final rows produced between steps
+        # Finished session requests whose last token's K/V the next step computes; they
+        # keep their KV until it is committed (``_schedule_last_tokens``).
+        self._last_tokens: list[Req] = []
         # The tokenizer's BOS (HF tokenizers have one attribute for it; None if it has none).
         bos_token_id = getattr(stop_checker.tokenizer, "bos_token_id", None)
-        self.sessions = SessionManager(self.kv, self.runner, bos_token_id)
+        self.sessions = SessionManager(self.kv, bos_token_id)
         # Every count the scheduler keeps (steps, tokens, retractions, ...) lives here, and
         # only here, until ``take_stats`` hands it over.
         self.stats = SchedulerStats()
 
+    @classmethod
+    def create(
+        cls,
+        model: CausalLM,
+        kv_pool: KVPool,
+        stop_checker: StopChecker,
+        config: SchedulerConfig,
+        device: torch.device | str = "cpu",
+        sample_kernel: SampleKernel | None = None,
+    ) -> Scheduler:
+        """A scheduler with a runner of ``model`` over ``kv_pool`` and a sampler of its own
+        (with ``sample_kernel`` where one is loaded): what tests and benchmarks build."""
+        runner = ModelRunner(model, kv_pool, device)
+        sampler = Sampler(runner.device, stop_checker.eos_token_ids, kernel=sample_kernel)
+        return cls(runner, sampler, stop_checker, config)
+
     # ---- requests in and out -------------------------------------------------
 
-    def add_request(self, req: Req) -> None:
-        """Queue a request; ALREADY_EXISTS while a request with its rid is live."""
+    def add_request(self, req: Req, *, validated: bool = False) -> None:
+        """Queue a request; ALREADY_EXISTS while a request with its rid is live.
+        ``validated``: ``EngineLimits.validate`` already passed it (the RPC side's), so
+        only a session's joined prompt is checked again."""
         if req.rid in self.reqs:
             raise AlreadyExistsError(f"request id {req.rid!r} is already in flight", field="rid")
         if len(self.waiting) >= self.config.max_waiting_requests:
             raise ResourceExhaustedError("scheduler waiting queue is full")
         joining = None if req.session is None else self.sessions.prepare(req, req.session)
-        self.validate(req)
+        if not validated:
+            self.validate(req)
+        elif joining is not None:
+            self.limits.check_fits(req)
         if req.params.seed is not None:
             req.generator = torch.Generator(device=self.runner.device)
             req.generator.manual_seed(req.params.seed)
@@ -220,28 +215,38 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(
-            len(self.waiting) or self.running or self._pending_rows or self._inflight is not None
+            len(self.waiting)
+            or self.running
+            or self._pending_rows
+            or self._inflight is not None
+            or self._last_tokens
         )
 
-    # ---- one step --------------------------------------------------------------
+    # ---- one step: schedule -> execute -> commit -----------------------------------
 
     @torch.inference_mode()
     def step(self) -> list[OutputRow]:
+        """``schedule()``, ``execute``, ``commit()``. With overlap scheduling the step's
+        execute is submitted to the forward worker and committed by the next call: after
+        that call has scheduled and submitted its own step when the two may overlap
+        (``_can_pipeline``), before it schedules otherwise."""
         if self._compiling:
             self._poll_grammars()
         rows, self._pending_rows = self._pending_rows, []
-        if self._inflight is not None:
-            if self._can_chain():
-                return rows + self._chain()
-            step, self._inflight = self._inflight, None
-            rows.extend(self._complete(step))
-        plan = self._schedule()
-        if plan.reqs:
-            if self._worker is not None and self._is_chainable(plan):
-                self._inflight = self._launch(plan)  # its rows come with the next step
-            else:
-                rows.extend(self._run(plan))
-        elif self._compiling and not rows:
+        previous = self._inflight
+        if previous is not None and not self._can_pipeline(previous):
+            self._inflight = None
+            rows.extend(self._commit_inflight(previous))
+            previous = None
+        out = self.schedule()  # its placeholders name rows of ``self._inflight``
+        self._inflight = None
+        if out.reqs and self._worker is None:
+            rows.extend(self.commit(out, self.executor.execute(out)))
+        elif out.reqs:
+            self._inflight = self._submit(out, previous)
+        if previous is not None:
+            rows.extend(self._commit_inflight(previous))
+        elif not out.reqs and self._compiling and not rows:
             # Nothing runnable until a grammar compiles: wait for one rather than spin.
             futures = [r.grammar.future for r in self._compiling if r.grammar is not None]
             wait_futures(futures, timeout=0.01, return_when=FIRST_COMPLETED)
@@ -262,65 +267,90 @@ class Scheduler:
                 compiling.append(req)
         self._compiling = compiling
 
-    def _schedule(self) -> StepPlan:
-        plan = StepPlan(budget=self.config.max_num_batched_tokens)
-        self._schedule_running(plan)
-        self._schedule_waiting(plan)
-        return plan
+    # ---- schedule ------------------------------------------------------------------
 
-    def _schedule_running(self, plan: StepPlan) -> None:
+    def schedule(self) -> SchedulerOutput:
+        """Plan the next step under the token budget and allocate the KV slots of every
+        token it computes. Changes request and queue state (admissions, retractions), so
+        every plan is executed and committed, in order."""
+        out = SchedulerOutput(self.config.max_num_batched_tokens)
+        if self._last_tokens:
+            self._schedule_last_tokens(out)
+        self._schedule_running(out)
+        if len(self.waiting):
+            self._schedule_waiting(out)
+        self._close(out)
+        return out
+
+    def _schedule_last_tokens(self, out: SchedulerOutput) -> None:
+        """Each finished session request computes its last token's K/V (a chunk that
+        samples nothing; its KV is pinned when committed). Without a slot to spare, its KV
+        is pinned as it is: the next turn recomputes that token."""
+        finishing, self._last_tokens = self._last_tokens, []
+        for req in finishing:
+            if out.budget > 0 and self.kv.can_allocate(1):
+                out.kv_only_rows.append(len(out.reqs))
+                self._plan_chunk(out, req, 1)
+            else:
+                self._keep_session_kv(req)
+
+    def _schedule_running(self, out: SchedulerOutput) -> None:
         # Decodes first (one token each), then the next chunks of prompts being prefilled.
-        decodes = [r for r in self.running if r.num_uncomputed == 1]
+        # A request whose in-flight token is its last by length is not scheduled again: that
+        # row would only be dropped (or run past the context).
+        ends = self.stop_checker.reaches_length
+        decodes = [
+            r
+            for r in self.running
+            if r.num_uncomputed == 1
+            and not (r.num_inflight and ends(r, len(r.output_ids) + r.num_inflight))
+        ]
         prefills = [r for r in self.running if r.num_uncomputed > 1]
-        if len(decodes) <= plan.budget and self.kv.can_allocate(len(decodes)):
-            self._plan_decodes(plan, decodes)  # the common case: room for every decode
+        if len(decodes) <= out.budget and self.kv.can_allocate(len(decodes)):
+            self._plan_decodes(out, decodes)  # the common case: room for every decode
         else:
             for req in decodes:
-                if (
-                    plan.budget > 0
-                    and req.status is ReqStatus.RUNNING
-                    and self._make_room(plan, req)
-                ):
-                    self._plan_chunk(plan, req, 1)
+                if out.budget > 0 and req.status is ReqStatus.RUNNING and self._make_room(out, req):
+                    self._plan_chunk(out, req, 1)
         for req in prefills:
-            if plan.budget <= 0:
+            if out.budget <= 0:
                 return
             if req.status is not ReqStatus.RUNNING:
                 continue  # retracted to make room for a decode
             # A prefill chunk shrinks to fit rather than preempting anyone.
-            num = min(req.num_uncomputed, plan.budget, self.kv.num_free + self.kv.num_evictable)
+            num = min(req.num_uncomputed, out.budget, self.kv.num_free + self.kv.num_evictable)
             if num > 0:
-                self._plan_chunk(plan, req, num)
+                self._plan_chunk(out, req, num)
 
-    def _plan_decodes(self, plan: StepPlan, reqs: list[Req]) -> None:
-        """``_plan_chunk(plan, req, 1)`` for each request, with one allocation. A request
+    def _plan_decodes(self, out: SchedulerOutput, reqs: list[Req]) -> None:
+        """``_plan_chunk(out, req, 1)`` for each request, with one allocation. A request
         whose input is the in-flight step's token feeds a placeholder for it."""
         for req, slot in zip(reqs, self.kv.allocate(len(reqs)), strict=True):
             start = len(req.kv_slots)
             req.kv_slots.append(slot)
-            plan.reqs.append(req)
+            out.reqs.append(req)
             if req.num_inflight:
                 assert self._inflight is not None
-                plan.chunks.append([pending_token(self._inflight.rows[req.rid])])
+                out.new_token_ids.append([pending_token(self._inflight.rows[req.rid])])
+                out.has_placeholders = True
             else:
-                plan.chunks.append(req.token_slice(start, start + 1))
-            plan.prefix_lens.append(start)
-            plan.rids.add(req.rid)
-        plan.budget -= len(reqs)
+                out.new_token_ids.append(req.token_slice(start, start + 1))
+            out.prefix_lens.append(start)
+        out.num_tokens += len(reqs)
 
-    def _make_room(self, plan: StepPlan, req: Req) -> bool:
+    def _make_room(self, out: SchedulerOutput, req: Req) -> bool:
         """Retract others until one more token fits; end ``req`` if it never can."""
         while not self.kv.can_allocate(1):
-            if not self._retract_one(plan, req):
-                if not plan.reqs:  # it alone holds the pool: no step can ever extend it
+            if not self._retract_one(out, req):
+                if not out.reqs:  # it alone holds the pool: no step can ever extend it
                     self._end(req, FinishInfo("length", message="KV cache full"))
                 return False
         return True
 
-    def _retract_one(self, plan: StepPlan, keep: Req) -> bool:
+    def _retract_one(self, out: SchedulerOutput, keep: Req) -> bool:
         """Retract (send back to waiting) the lowest-priority, newest running request outside
-        the plan. Prometheus calls this a preemption."""
-        victims = [r for r in self.running if r is not keep and r.rid not in plan.rids]
+        the step. Prometheus calls this a preemption."""
+        victims = [r for r in self.running if r is not keep and r not in out.reqs]
         if not victims:
             return False
         victim = min(victims, key=lambda r: (r.priority, -(r.arrival or 0)))
@@ -333,16 +363,20 @@ class Scheduler:
         logger.info("retracted rid=%s (label %s) to free KV", victim.rid, victim.label)
         return True
 
-    def _schedule_waiting(self, plan: StepPlan) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput) -> None:
         sharing = [r for r in self.running if self._is_computing_prompt(r)]
+        # A continuation waits for its parent's last token to be computed and pinned.
+        settling = {out.reqs[i].rid for i in out.kv_only_rows}
         for req in self.waiting:
-            if plan.budget <= 0 or len(self.running) >= self.config.max_running_requests:
+            if out.budget <= 0 or len(self.running) >= self.config.max_running_requests:
                 return
             if req.grammar is not None and req.grammar.matcher is None:
                 continue  # its grammar is still compiling
             if any(r.input_ids == req.input_ids for r in sharing):
                 continue  # wait for that prompt's KV to be cached, then share it
-            if not self._admit(plan, req):
+            if settling and req.session is not None and req.session.rid in settling:
+                continue
+            if not self._admit(out, req):
                 return
             if self._is_computing_prompt(req):
                 sharing.append(req)
@@ -353,9 +387,9 @@ class Scheduler:
         the same KV again instead of sharing it."""
         return self.kv.tree is not None and req.num_tree_tokens < len(req.input_ids) - 1
 
-    def _admit(self, plan: StepPlan, req: Req) -> bool:
+    def _admit(self, out: SchedulerOutput, req: Req) -> bool:
         num_matched = self.kv.match(req)
-        num = min(req.num_uncomputed, plan.budget)
+        num = min(req.num_uncomputed, out.budget)
         if not self.kv.can_allocate(num):
             self.kv.unmatch(req)
             return False
@@ -368,54 +402,39 @@ class Scheduler:
         self.waiting.remove(req)
         req.status = ReqStatus.RUNNING
         self.running.append(req)
-        self._plan_chunk(plan, req, num)
+        self._plan_chunk(out, req, num)
         return True
 
-    def _plan_chunk(self, plan: StepPlan, req: Req, num: int) -> None:
+    def _plan_chunk(self, out: SchedulerOutput, req: Req, num: int) -> None:
         start = req.num_computed
         req.kv_slots.extend(self.kv.allocate(num))
-        plan.reqs.append(req)
-        plan.chunks.append(req.token_slice(start, start + num))
-        plan.prefix_lens.append(start)
-        plan.rids.add(req.rid)
-        plan.budget -= num
+        out.reqs.append(req)
+        out.new_token_ids.append(req.token_slice(start, start + num))
+        out.prefix_lens.append(start)
+        out.num_tokens += num
 
-    def _run(self, plan: StepPlan) -> list[OutputRow]:
-        # A request whose every token is in KV after this step samples its next one,
-        # unless it asked for none (scoring a prompt: it ends here).
-        done = [i for i, r in enumerate(plan.reqs) if r.num_uncomputed == 0]
-        rows = [i for i in done if plan.reqs[i].params.max_new_tokens > 0]
-        reqs = [plan.reqs[i] for i in rows]
-        # What the sampler needs beside the logits (grammar bitmasks) is known now: it
-        # starts first and builds beside the forward.
-        self.sampler.prepare(reqs, self.runner.vocab_size, self.runner.device)
-        spans = plan_spans(plan.reqs, plan.prefix_lens, plan.chunks)
-        pool_spans = plan_pool_spans(plan.reqs, plan.prefix_lens, plan.chunks)
-        out = self.runner.run(plan.forward_plan(rows, spans, pool_spans=pool_spans))
-        record_spans(plan.reqs, spans, out.prompt_logprobs)
-        record_pool_spans(plan.reqs, pool_spans, out.pooled)
-        self.stats.step_tokens.append(sum(map(len, plan.chunks)))
-        for req, prefix_len in zip(plan.reqs, plan.prefix_lens, strict=True):
-            if prefix_len < len(req.input_ids):
-                self.kv.cache_prefix(req)  # share the prompt as soon as it is computed
-        scored = [plan.reqs[i] for i in done if plan.reqs[i].params.max_new_tokens == 0]
-        ended = [self._end_prompt_only(req) for req in scored]
-        if not reqs:
-            return ended
-        return ended + self._commit(reqs, self.sampler.sample(out.logits, reqs))
+    def _close(self, out: SchedulerOutput) -> None:
+        """Complete a plan whose chunks are all in: which requests sample (every token
+        of theirs is in KV after this step), which end with their prompt (they asked for
+        no token: scoring, pooling), the prompt rows to score and pool, the slot lists."""
+        reqs = out.reqs
+        for i in range(len(out.kv_only_rows), len(reqs)):  # KV-only rows come first
+            req = reqs[i]
+            if req.num_uncomputed == 0:
+                rows = out.sample_rows if req.params.max_new_tokens > 0 else out.prompt_only_rows
+                rows.append(i)
+        out.prompt_spans = plan_spans(reqs, out.prefix_lens, out.new_token_ids)
+        out.pool_spans = plan_pool_spans(reqs, out.prefix_lens, out.new_token_ids)
+        out.kv_slots = [req.kv_slots for req in reqs]
 
     # ---- overlap scheduling (overlap.py) ---------------------------------------------
 
-    def _is_chainable(self, plan: StepPlan) -> bool:
-        """A plan that may run in flight: every request decodes one token and samples it."""
-        return all(
-            len(chunk) == 1 and prefix_len >= len(req.input_ids) and can_chain(req)
-            for req, chunk, prefix_len in zip(plan.reqs, plan.chunks, plan.prefix_lens, strict=True)
-        )
-
-    def _can_chain(self) -> bool:
-        """Whether the next step may be planned on top of the in-flight one: only decodes
-        of plain requests, room for all of them, no request that could be admitted."""
+    def _can_pipeline(self, inflight: InflightStep) -> bool:
+        """Whether the next step may be scheduled before ``inflight`` is committed: it ran
+        only decodes of plain requests, and so will the next (no request that could be
+        admitted, room for every decode)."""
+        if not inflight.is_chainable or self._last_tokens:
+            return False
         running = self.running
         if len(self.waiting) and len(running) < self.config.max_running_requests:
             return False
@@ -425,35 +444,49 @@ class Scheduler:
             return False
         return all(r.num_uncomputed == 1 and can_chain(r) for r in running)
 
-    def _chain(self) -> list[OutputRow]:
-        """Launch the next decode step, then commit the one in flight."""
-        previous = self._inflight
-        assert previous is not None
-        plan = StepPlan(budget=self.config.max_num_batched_tokens)
-        # A request whose in-flight token is its last by length is not planned again: that
-        # row would only be dropped (or run past the context).
-        ends = self.stop_checker.reaches_length
-        going_on = [r for r in self.running if not ends(r, len(r.output_ids) + r.num_inflight)]
-        self._plan_decodes(plan, going_on)
-        self._inflight = self._launch(plan, previous) if plan.reqs else None
-        return self._complete(previous)
-
-    def _launch(self, plan: StepPlan, previous: InflightStep | None = None) -> InflightStep:
+    def _submit(self, out: SchedulerOutput, previous: InflightStep | None) -> InflightStep:
+        """Hand ``out`` to the forward worker, after ``previous`` when it is in flight (its
+        sample fills the placeholders). A step scheduled on top of one in flight holds
+        only decodes of plain requests, so it is chainable too."""
         assert self._worker is not None
-        reqs = plan.reqs
-        forward = plan.forward_plan(list(range(len(reqs))), [], copy_slots=True)
-        for req in reqs:
+        # The engine thread goes on growing the live slot lists while the worker reads them.
+        out.kv_slots = [list(slots) for slots in out.kv_slots]
+        sampled = [out.reqs[i] for i in out.sample_rows]
+        for req in sampled:
             req.num_inflight += 1
-        future = self._worker.submit(forward, reqs, previous)
-        return InflightStep(reqs, {r.rid: i for i, r in enumerate(reqs)}, future)
+        future = self._worker.submit(out, None if previous is None else previous.future)
+        is_chainable = previous is not None or is_chainable_step(out)
+        return InflightStep(out, {r.rid: j for j, r in enumerate(sampled)}, future, is_chainable)
 
-    def _complete(self, step: InflightStep) -> list[OutputRow]:
-        """Wait for a launched step and commit it."""
-        out = step.future.result()
-        for req in step.reqs:
-            req.num_inflight -= 1
-        self.stats.step_tokens.append(len(step.reqs))
-        return self._commit(step.reqs, out)
+    def _commit_inflight(self, step: InflightStep) -> list[OutputRow]:
+        """Wait for a submitted step's result and commit it."""
+        result = step.future.result()
+        out = step.out
+        for i in out.sample_rows:
+            out.reqs[i].num_inflight -= 1
+        return self.commit(out, result)
+
+    # ---- commit --------------------------------------------------------------------
+
+    def commit(self, out: SchedulerOutput, result: ExecuteOutput) -> list[OutputRow]:
+        """Apply an executed step: prompt logprobs and pooled rows gathered, computed prompts
+        shared in the prefix cache, finished sessions' KV pinned, prompt-only requests
+        ended, sampled tokens appended and checked for stops. Returns the rows due now."""
+        reqs = out.reqs
+        record_spans(reqs, out.prompt_spans, result.prompt_logprobs)
+        record_pool_spans(reqs, out.pool_spans, result.pooled)
+        self.stats.step_tokens.append(out.num_tokens)
+        for req, prefix_len in zip(reqs, out.prefix_lens, strict=True):
+            if prefix_len < len(req.input_ids):
+                self.kv.cache_prefix(req)  # share the prompt as soon as it is computed
+        for i in out.kv_only_rows:
+            self._keep_session_kv(reqs[i])
+        # A request ended while its step was in flight (an abort) is skipped.
+        ended = [reqs[i] for i in out.prompt_only_rows if not reqs[i].is_finished]
+        rows = [self._end_prompt_only(req) for req in ended]
+        if out.sample_rows:
+            rows += self._commit_tokens([reqs[i] for i in out.sample_rows], result.sampled)
+        return rows
 
     def _end_prompt_only(self, req: Req) -> OutputRow:
         """A request with max_new_tokens 0 ends once its prompt is computed (and scored):
@@ -465,7 +498,8 @@ class Scheduler:
             return self._take_row(req, finish)
         return OutputRow.of(req, [], finish, embedding=req.pooling.result(len(req.input_ids)))
 
-    def _commit(self, reqs: list[Req], out: SampleOutput) -> list[OutputRow]:
+    def _commit_tokens(self, reqs: list[Req], out: SampleOutput) -> list[OutputRow]:
+        """Append each request's sampled token, check it for a stop, and make the rows due."""
         rows = []
         now = time.time()
         for req, token, logprob in zip(reqs, out.token_ids, out.logprobs, strict=True):
@@ -514,8 +548,15 @@ class Scheduler:
         req.finish = finish
         req.status = status
         req.times.finished = time.time()
-        if req.session is not None:
-            self.sessions.on_finish(req)  # keeps a complete request's tokens in KV
-        self.kv.release(req)
+        if req.session is not None and self.sessions.on_finish(req):
+            self._last_tokens.append(req)  # keeps its KV until its last token is computed
+        else:
+            self.kv.release(req)
         self.reqs.pop(req.rid, None)
         self.stats.finished.append(FinishedReqStats.of(req))
+
+    def _keep_session_kv(self, req: Req) -> None:
+        """A finished session request whose last token was computed (or found no slot):
+        its tokens pinned for its session, then its KV released like any other's."""
+        self.sessions.pin(req)
+        self.kv.release(req)

@@ -8,11 +8,12 @@ one (``SessionParams.rid``) continues it: its input is the parent's prompt and o
 new tokens. ``replace`` first drops the parent's other continuations, or without a
 parent the whole tree; a dropped request still running is aborted.
 
-KV: when a request of a session finishes, its last sampled token gets its K/V too (one
-extra forward of that token, its logits discarded), and every token of the request is
-pinned in the radix cache with a lock of the session's own. So the next turn finds its
-parent's whole sequence cached and prefills only its new tokens. Closing the session (or
-dropping a node) gives the locks back: the KV becomes an ordinary evictable prefix.
+KV: when a request of a session finishes, its last sampled token gets its K/V too (the
+scheduler's next step computes it, a chunk that samples nothing, its logits never made),
+and every token of the request is pinned in the radix cache with a lock of the session's
+own. So the next turn finds its parent's whole sequence cached and prefills only its new
+tokens. Closing the session (or dropping a node) gives the locks back: the KV becomes an
+ordinary evictable prefix.
 
 Engine thread only, like the rest of the scheduler core; the scheduler is its only
 caller. No protobuf here: ``transport.proto_codec`` converts ``SessionParams`` at the edge.
@@ -27,7 +28,6 @@ from services.common.errors import AlreadyExistsError, InvalidArgumentError
 from services.scheduler.core.req import Req, ReqStatus, SessionParams
 from services.scheduler.mem_cache.kv_cache import KVCacheManager
 from services.scheduler.mem_cache.radix_cache import TreeNode
-from services.scheduler.model_executor.model_runner import ForwardPlan, ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -81,9 +81,8 @@ class Joining:
 class SessionManager:
     """Every session open on this scheduler, the tree of each and the KV it pins."""
 
-    def __init__(self, kv: KVCacheManager, runner: ModelRunner, bos_token_id: int | None) -> None:
+    def __init__(self, kv: KVCacheManager, bos_token_id: int | None) -> None:
         self.kv = kv
-        self.runner = runner
         self.bos_token_id = bos_token_id  # a continuation's own leading BOS is dropped
         self._sessions: dict[str, Session] = {}
 
@@ -161,16 +160,26 @@ class SessionManager:
         joining.session.nodes[req.rid] = node
         return live
 
-    def on_finish(self, req: Req) -> None:
-        """``req`` is leaving the scheduler (before its KV is released): a complete one
-        keeps its whole sequence in KV, pinned until the session drops it."""
-        params = req.session
-        session = self._sessions.get(params.id) if params is not None else None
-        node = session.nodes.get(req.rid) if session is not None else None
-        if node is None or node.req is not req or not node.is_complete or self.kv.tree is None:
-            return
-        self._compute_last_token(req)
+    def on_finish(self, req: Req) -> bool:
+        """``req`` is leaving the scheduler (before its KV is released): a complete one keeps
+        its whole sequence in KV, pinned until the session drops it. True when its last
+        sampled token has no K/V yet: the caller keeps the KV, has that token computed,
+        then calls ``pin``. Otherwise whatever is to be pinned is pinned now."""
+        node = self._node_of(req)
+        if node is None or not node.is_complete or self.kv.tree is None:
+            return False
+        if req.num_uncomputed == 1:
+            return True
         node.pin = self.kv.pin(req)
+        return False
+
+    def pin(self, req: Req) -> None:
+        """Pin the tokens of a complete request ``on_finish`` deferred (its last token is
+        computed now, or found no slot: the next turn recomputes it); nothing if the
+        session dropped it meanwhile."""
+        node = self._node_of(req)
+        if node is not None and node.is_complete:
+            node.pin = self.kv.pin(req)
 
     # ---- internals -----------------------------------------------------------------
 
@@ -220,16 +229,12 @@ class SessionManager:
                 node.pin = None
         return [n.req for n in nodes if n.is_live]
 
-    def _compute_last_token(self, req: Req) -> None:
-        """Write the K/V of the request's last sampled token, which no step computed (a
-        token's K/V is written by the step that feeds it, and nothing feeds the last one).
-        Skipped when the pool has no slot to spare: the next turn then recomputes it."""
-        if req.num_uncomputed != 1 or not self.kv.can_allocate(1):
-            return
-        start = req.num_computed
-        req.kv_slots.extend(self.kv.allocate(1))
-        plan = ForwardPlan([req.token_slice(start, start + 1)], [start], [req.kv_slots], [])
-        self.runner.forward(plan)
+    def _node_of(self, req: Req) -> SessionNode | None:
+        """The node of ``req`` while its session holds it."""
+        params = req.session
+        session = self._sessions.get(params.id) if params is not None else None
+        node = session.nodes.get(req.rid) if session is not None else None
+        return node if node is not None and node.req is req else None
 
 
 def _roots(session: Session) -> list[SessionNode]:

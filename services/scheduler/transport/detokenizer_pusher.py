@@ -14,6 +14,8 @@ from tokenline.v1 import detokenizer_pb2_grpc, scheduler_pb2
 
 from services.common.auth.cluster_token import ClusterToken
 from services.common.tls import TlsSettings, open_channel
+from services.scheduler.core.output_row import OutputRow
+from services.scheduler.transport.proto_codec import rows_to_pb
 
 logger = logging.getLogger(__name__)
 
@@ -23,10 +25,11 @@ MAX_UNSENT_STEPS = 8  # steps handed over but not yet taken by gRPC; past this t
 class DetokenizerPusher:
     """Sends each step's rows to the detokenizer, in order, reconnecting on failure.
 
-    The engine thread calls ``publish``, which hands the rows to the event loop with
-    ``call_soon_threadsafe`` (no polling) and blocks while ``max_unsent`` steps are
+    The thread that delivers the engine's outputs calls ``publish``, which makes the
+    step's rows one ``BatchTokenIDOutput`` (off the event loop), hands it to the loop
+    with ``call_soon_threadsafe`` (no polling) and blocks while ``max_unsent`` steps are
     still unsent: a stalled detokenizer bounds memory and stalls the engine instead.
-    On the loop the rows become one ``BatchTokenIDOutput`` appended to ``_unsent``.
+    On the loop the batch is numbered and appended to ``_unsent``.
     A stream attempt yields the head of ``_unsent`` and removes it only when gRPC
     asks for the next message, and only while that attempt is the current one: grpc
     may keep pulling from a failed attempt's iterator, which must not consume a batch.
@@ -72,17 +75,18 @@ class DetokenizerPusher:
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._run(), name="detokenizer-pusher")
 
-    def publish(self, rows: Sequence[scheduler_pb2.TokenIDRow]) -> None:
-        """Engine thread: hand one step's rows to the loop; waits while the stream lags."""
+    def publish(self, rows: Sequence[OutputRow]) -> None:
+        """Off the loop: hand one step's rows to it; waits while the stream lags."""
         if self._loop is None:
             raise RuntimeError("DetokenizerPusher.publish before start()")
         while not self._room.acquire(timeout=0.2):
             if self._closed.is_set():
                 logger.warning("pusher closed; %d rows of a step not sent", len(rows))
                 return
+        batch = rows_to_pb(rows)
         with self._count_lock:
             self._num_handed += 1
-        self._loop.call_soon_threadsafe(self._append, rows)
+        self._loop.call_soon_threadsafe(self._append, batch)
 
     async def close(self, timeout: float = 5.0) -> None:
         """Finish the stream after the last queued rows; cancel past ``timeout``."""
@@ -97,9 +101,10 @@ class DetokenizerPusher:
         self._closed.set()
         await asyncio.gather(self._task, return_exceptions=True)
 
-    def _append(self, rows: Sequence[scheduler_pb2.TokenIDRow]) -> None:
+    def _append(self, batch: scheduler_pb2.BatchTokenIDOutput) -> None:
         self._step += 1
-        self._unsent.append(scheduler_pb2.BatchTokenIDOutput(step=self._step, rows=rows))
+        batch.step = self._step
+        self._unsent.append(batch)
         self._changed.set()
 
     def _sent(self) -> None:

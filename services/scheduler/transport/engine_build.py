@@ -1,6 +1,8 @@
-"""Builds the engine from the scheduler's flags: the model in the dtype the hardware
-computes natively, the KV pool and the ``Scheduler``. Runs wherever the engine runs:
-in the engine process (``engine_process.py``), or in-process for tests and benchmarks."""
+"""Builds the engine from the scheduler's flags: the machine's compiled kernels, the model
+in the dtype the hardware computes natively (its attention backend given the decode
+kernel), the KV pool and the ``Scheduler`` (its sampler given the sampling kernel). Runs
+wherever the engine runs: in the engine process (``engine_process.py``), or in-process
+for tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from services.scheduler.core.messages import Runner
 from services.scheduler.core.scheduler import Scheduler, SchedulerConfig
 from services.scheduler.core.stop_checker import StopChecker
 from services.scheduler.mem_cache.kv_pool import KVPool
-from services.scheduler.model_executor.attention.torch_backend import TorchAttentionBackend
+from services.scheduler.model_executor.attention import AttentionBackend
 from services.scheduler.model_executor.models.config import ModelConfig
 from services.scheduler.model_executor.models.dtype import choose_dtype
 from services.scheduler.model_executor.models.loader import load_model
@@ -67,12 +69,15 @@ class SchedulerProcessConfig:
 
 
 def build_scheduler(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
-    """Load the model and size the KV pool; returns the scheduler (its context length,
-    capped to the pool, is ``scheduler.limits.context_length``) and the name of the dtype
-    the model runs in."""
+    """Load this machine's kernels and the model, and size the KV pool; returns the
+    scheduler (its context length, capped to the pool, is ``scheduler.limits.context_length``)
+    and the name of the dtype the model runs in."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     device = torch.device(config.device)
+    if config.build_kernels and device.type == "cpu":
+        build_kernels_if_missing(config.model, config.kernels_dir)
+    kernels = load_kernels(config.model, device, config.kernels_dir)
     impl = resolve_model_impl(config.model, config.model_impl)
     choice = choose_dtype(config.dtype, impl.dtype, device)
     model, model_config = load_model(
@@ -82,8 +87,11 @@ def build_scheduler(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
         config.attention_backend,
         model_impl=impl.path,
         batch_invariant=config.batch_invariant,
+        decode_kernel=kernels.decode_attention,
     )
     logger.info("model %s in %s on %s (%s)", config.model, choice.name, device, choice.reason)
+    if device.type == "cpu":
+        log_kernels(kernels, model.attn_backend, config.model)
     kv_pool = create_kv_pool(config, model_config, choice.dtype, device)
     context = config.context_length or model_config.max_context_len
     if kv_pool.num_tokens < context:
@@ -94,7 +102,7 @@ def build_scheduler(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
     stop_checker = StopChecker(
         load_tokenizer(config.model), set(model_config.eos_token_ids), context
     )
-    scheduler = Scheduler(
+    scheduler = Scheduler.create(
         model,
         kv_pool,
         stop_checker,
@@ -110,12 +118,10 @@ def build_scheduler(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
             runner=config.runner,
         ),
         device,
+        sample_kernel=kernels.sample,
     )
-    if config.build_kernels and device.type == "cpu":
-        build_kernels_if_missing(config.model, config.kernels_dir)
-    attach_kernels(scheduler, config.model, device, config.kernels_dir)
     if config.overlap_schedule:
-        logger.info("overlap scheduling on: decode steps chain on a forward worker thread")
+        logger.info("overlap scheduling on: decode steps overlap on a forward worker thread")
     if config.runner == "pooling":
         logger.info("runner pooling: only pooling (embedding) requests are served")
     return scheduler, choice.name
@@ -145,25 +151,35 @@ def build_kernels_if_missing(model_dir: str, kernels_dir: str = "") -> None:
         logger.warning("kernels not built (%s: %s); eager paths", type(exc).__name__, exc)
 
 
-def attach_kernels(
-    scheduler: Scheduler, model_dir: str, device: torch.device, kernels_dir: str = ""
-) -> None:
-    """Give the sampler and the attention backend the compiled kernels of this machine's
-    ISA level, if any (``model_dir/kernels`` first, then ``kernels_dir``)."""
+@dataclass(frozen=True, slots=True)
+class Kernels:
+    """This machine's compiled kernels, handed to the sampler and the attention backend
+    when they are built."""
+
+    sample: SampleKernel | None = None
+    decode_attention: bool = False  # ``torch.ops.tokenline.decode_attention`` is loaded
+
+
+def load_kernels(model_dir: str, device: torch.device, kernels_dir: str = "") -> Kernels:
+    """Load the compiled kernels of this machine's ISA level, if any (``model_dir/kernels``
+    first, then ``kernels_dir``); none off CPU."""
     if device.type != "cpu":
-        return
+        return Kernels()
     kernel = SampleKernel.load(model_dir, kernels_dir or None)
-    scheduler.sampler.kernel = kernel
     if kernel is None:
+        return Kernels()
+    return Kernels(kernel, is_registered("decode_attention"))
+
+
+def log_kernels(kernels: Kernels, backend: AttentionBackend, model_dir: str) -> None:
+    """Say which of the sampler and decode attention run compiled kernels."""
+    if kernels.sample is None:
         logger.info(
             "sampler and decode attention: eager (no compiled kernels for this machine; "
             "python -m services.scheduler.ops.cpu_kernels --model %s builds them)",
             model_dir,
         )
-        return
-    backend = getattr(scheduler.runner.model, "attn_backend", None)
-    if isinstance(backend, TorchAttentionBackend) and is_registered("decode_attention"):
-        backend.decode_kernel = True
+    elif getattr(backend, "decode_kernel", False):
         logger.info("sampler and decode attention: compiled kernels")
     else:
         logger.info("sampler: compiled plain-row kernel")

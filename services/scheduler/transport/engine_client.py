@@ -2,8 +2,8 @@
 
 ``add_request`` and ``abort`` validate against ``EngineLimits``, check the live-rid
 table, queue a command and return; a request submitted mid-step joins the next step.
-Commands the engine must answer (a session's request, session open/close, flush)
-return a future resolved when the engine's output carries the answer.
+Any other command goes through ``ask`` (its future is resolved when the engine's
+output carries the answer) or ``tell`` (nobody waits).
 
 ``handle`` takes each ``EngineOutput`` in order, on whichever thread delivers it (the
 engine thread itself, or the reader of the engine process): it releases finished rids,
@@ -22,35 +22,29 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-
-from tokenline.v1 import scheduler_pb2
+from typing import Any, TypeVar
 
 from services.common.errors import (
     AlreadyExistsError,
     ResourceExhaustedError,
     TokenlineError,
 )
-from services.scheduler.core.messages import (
+from services.scheduler.core.commands import (
     NO_TICKET,
     AbortCommand,
-    AbortOwnedCommand,
-    AbortStartedCommand,
     AddCommand,
-    Answer,
-    CloseSessionCommand,
-    Command,
-    EngineLimits,
-    EngineOutput,
-    EngineStats,
-    FlushCommand,
-    FlushOutcome,
-    OpenSessionCommand,
+    EngineCommand,
+    Ticketed,
 )
+from services.scheduler.core.messages import Answer, EngineLimits, EngineOutput, EngineStats
+from services.scheduler.core.output_row import OutputRow
 from services.scheduler.core.req import Req
 from services.scheduler.core.stats import SchedulerStats
 
+T = TypeVar("T")
+
 # Takes a step's rows; may block (a slow detokenizer stalls the engine through it).
-RowSink = Callable[[Sequence[scheduler_pb2.TokenIDRow]], None]
+RowSink = Callable[[Sequence[OutputRow]], None]
 
 
 class LiveRids:
@@ -103,7 +97,7 @@ class EngineClient:
     ) -> None:
         self.limits = limits
         # Commands for the engine, in order; ``None`` asks it to stop.
-        self.inbox: queue.Queue[Command | None] = queue.Queue(inbox_size)
+        self.inbox: queue.Queue[Ticketed | None] = queue.Queue(inbox_size)
         self.sink = sink
         self.on_stats = on_stats
         self.on_fatal = on_fatal  # called once, on the failing thread, if the engine dies
@@ -149,84 +143,66 @@ class EngineClient:
 
     def add_request(self, req: Req) -> concurrent.futures.Future[None] | None:
         """Accept ``req`` or raise (INVALID_ARGUMENT, ALREADY_EXISTS, RESOURCE_EXHAUSTED).
-        A request in a session depends on the session's state, which only the engine
-        reads: for it the answer is the returned future."""
+        The one validation it gets: the engine takes it as accepted here. A request in a
+        session depends on the session's state, which only the engine reads: for it the
+        answer is the returned future."""
         self.limits.validate(req)
         self.live.claim(req.rid)
         # Accepted now: the wait for the engine's next step is queueing, not dispatch.
         req.times.queued = time.time()
-        done: concurrent.futures.Future[None] | None = None
-        ticket = NO_TICKET
-        if req.session is not None:
-            done = concurrent.futures.Future()
-            ticket = self._ticket(done, req.rid)
         try:
-            self._submit(AddCommand(req, ticket))
+            if req.session is not None:
+                return self._ask(AddCommand(req), release=req.rid)
+            self.tell(AddCommand(req))
         except ResourceExhaustedError:
             self.live.release(req.rid)
-            self._forget(ticket)
             raise
-        return done
-
-    def open_session(
-        self, session_id: str, capacity: int, owner: str
-    ) -> concurrent.futures.Future[None]:
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._submit_answered(OpenSessionCommand(session_id, capacity, owner, self._ticket(done)))
-        return done
-
-    def close_session(self, session_id: str) -> concurrent.futures.Future[None]:
-        """Closing aborts the session's running requests and unpins its KV."""
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._submit_answered(CloseSessionCommand(session_id, self._ticket(done)))
-        return done
-
-    def flush_cache(self) -> concurrent.futures.Future[FlushOutcome]:
-        """Applied between steps, after every command queued before it (so a request
-        accepted earlier counts)."""
-        done: concurrent.futures.Future[FlushOutcome] = concurrent.futures.Future()
-        self._submit_answered(FlushCommand(self._ticket(done)))
-        return done
+        return None
 
     def abort(self, rid: str, reason: str) -> bool:
         """Ask the engine to end ``rid``; False when it is unknown or already being aborted."""
         if not self.live.mark_aborting(rid):
             return False
         try:
-            self._submit(AbortCommand(rid, reason))
+            self.tell(AbortCommand(rid, reason))
         except ResourceExhaustedError:
             self.live.unmark_aborting(rid)
             raise
         return True
 
-    def abort_started(self, reason: str) -> None:
-        """Abort every live request whose first row has been sent downstream."""
-        self._submit(AbortStartedCommand(reason))
+    def ask(self, command: EngineCommand[T]) -> concurrent.futures.Future[T]:
+        """Send ``command``; the future gets what its ``apply`` returns on the engine, or
+        the ``TokenlineError`` it raises. Non-blocking; RESOURCE_EXHAUSTED when the inbox
+        is full."""
+        return self._ask(command)
 
-    def abort_owned(self, owner: str, reason: str) -> None:
-        """Abort every request ``owner`` sent, those still queued included (commands
-        apply in order, so they are in the engine by the time this applies)."""
-        self._submit(AbortOwnedCommand(owner, reason))
+    def tell(self, command: EngineCommand[Any]) -> None:
+        """Send ``command`` with nobody waiting on its answer. Non-blocking;
+        RESOURCE_EXHAUSTED when the inbox is full."""
+        self._submit(NO_TICKET, command)
 
-    def _submit(self, command: Command) -> None:
-        """Non-blocking; RESOURCE_EXHAUSTED when the inbox is full."""
+    def _ask(
+        self, command: EngineCommand[T], release: str | None = None
+    ) -> concurrent.futures.Future[T]:
+        """``release``: a rid to drop from the live table if the engine refuses."""
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+        ticket = self._ticket(done, release)
+        try:
+            self._submit(ticket, command)
+        except ResourceExhaustedError:
+            self._forget(ticket)
+            raise
+        return done
+
+    def _submit(self, ticket: int, command: EngineCommand[Any]) -> None:
         with self._lock:
             self._num_unapplied += 1
         try:
-            self.inbox.put_nowait(command)
+            self.inbox.put_nowait((ticket, command))
         except queue.Full:
             with self._lock:
                 self._num_unapplied -= 1
             raise ResourceExhaustedError("scheduler inbox is full, retry later") from None
-
-    def _submit_answered(
-        self, command: OpenSessionCommand | CloseSessionCommand | FlushCommand
-    ) -> None:
-        try:
-            self._submit(command)
-        except ResourceExhaustedError:
-            self._forget(command.ticket)
-            raise
 
     def _ticket(self, done: concurrent.futures.Future, rid: str | None = None) -> int:
         ticket = next(self._tickets)
@@ -247,7 +223,7 @@ class EngineClient:
             with self._lock:
                 self._num_unapplied -= output.num_applied
         for row in output.rows:
-            if row.HasField("finish_reason"):
+            if row.finish is not None:
                 self.live.release(row.rid)
         self.stats = output.engine_stats
         if output.stats is not None and self.on_stats is not None:

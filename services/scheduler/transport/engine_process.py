@@ -8,8 +8,8 @@ Here the gRPC process keeps only the RPC side (``EngineClient``) and the engine 
 
 * The child is forked before the gRPC process starts any thread (``EngineLaunch``), so
   it starts with every module imported, and loads the model while gRPC starts.
-* Both directions are Protobuf frames on a pipe (``engine.proto``, ``engine_codec.py``),
-  as on every process boundary here: no pickle.
+* Both directions are frames on a private pipe: the boundary's own typed messages as
+  Protobuf, written and read by the generic ``engine_codec.py``.
 * Commands: the RPC side puts them on a bounded ``queue.Queue`` and a sender thread
   encodes and writes them, so an RPC never waits for a busy engine; the engine reads
   what has arrived between steps.
@@ -38,18 +38,12 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from services.common.logs import setup_logging
-from services.scheduler.core.messages import Command, EngineLimits, EngineOutput
+from services.scheduler.core.commands import Ticketed
+from services.scheduler.core.messages import EngineLimits, EngineOutput
 from services.scheduler.core.stats import SchedulerStats
 from services.scheduler.transport.engine_build import SchedulerProcessConfig, build_scheduler
 from services.scheduler.transport.engine_client import EngineClient, RowSink
-from services.scheduler.transport.engine_codec import (
-    decode_command,
-    decode_output,
-    decode_ready,
-    encode_command,
-    encode_output,
-    encode_ready,
-)
+from services.scheduler.transport.engine_codec import decode, encode
 from services.scheduler.transport.engine_core import EngineCore
 
 logger = logging.getLogger(__name__)
@@ -95,7 +89,7 @@ class EngineLaunch:
             raise RuntimeError(
                 f"the engine process exited while starting (exit code {self.process.exitcode})"
             ) from None
-        limits, dtype = decode_ready(first)
+        limits, dtype = decode(first)  # the child's first frame: (EngineLimits, dtype)
         logger.info("engine process %d ready", self.process.pid)
         return EngineProcess(self, limits, dtype, sink, on_stats, on_fatal, inbox_size)
 
@@ -143,7 +137,7 @@ class EngineProcess(EngineClient):
         try:
             while True:
                 command = self.inbox.get()
-                self._commands.send_bytes(encode_command(command))
+                self._commands.send_bytes(encode(command))
                 if command is None:
                     return
         except OSError:  # the child is gone; the reader reports it
@@ -152,7 +146,7 @@ class EngineProcess(EngineClient):
     def _read(self) -> None:
         try:
             while True:
-                self.handle(decode_output(self._outputs.recv_bytes()))
+                self.handle(decode(self._outputs.recv_bytes()))
         except (EOFError, OSError):
             pass
         if self._stopping:
@@ -171,15 +165,16 @@ class _PipeInbox:
     def __init__(self, commands: Connection) -> None:
         self._commands = commands
 
-    def get(self, block: bool = True, timeout: float | None = None) -> Command | None:
+    def get(self, block: bool = True, timeout: float | None = None) -> Ticketed | None:
         if not self._commands.poll(timeout if block else 0):
             raise queue.Empty
         try:
-            return decode_command(self._commands.recv_bytes())
+            command: Ticketed | None = decode(self._commands.recv_bytes())
+            return command
         except EOFError:  # the gRPC process went away
             return None
 
-    def get_nowait(self) -> Command | None:
+    def get_nowait(self) -> Ticketed | None:
         return self.get(block=False)
 
 
@@ -192,10 +187,10 @@ def run_engine(
         signal.signal(sig, signal.SIG_IGN)
     setup_logging(config.log_level, config.log_json)
     scheduler, dtype = build_scheduler(config)
-    outputs.send_bytes(encode_ready(scheduler.limits, dtype))
+    outputs.send_bytes(encode((scheduler.limits, dtype)))
 
     def emit(output: EngineOutput) -> None:
-        outputs.send_bytes(encode_output(output))
+        outputs.send_bytes(encode(output))
 
     core = EngineCore(scheduler, emit)
     core.publish()

@@ -2,7 +2,7 @@
 
 Commands go through a ``queue.Queue``; the engine thread runs ``EngineCore`` and
 delivers its outputs to ``EngineClient.handle`` directly. Only the engine thread
-touches ``Scheduler`` and ``Req``; rows cross as immutable ``OutputRow`` snapshots.
+touches ``Scheduler`` and ``Req``; rows cross as ``OutputRow`` snapshots.
 Torch releases the GIL during kernels, so both sides progress, but each one's Python
 waits for the other's: the server runs the engine in its own process instead
 (``engine_process.py``).

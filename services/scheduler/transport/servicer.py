@@ -25,6 +25,12 @@ from services.common.errors import (
     UnavailableError,
     grpc_errors,
 )
+from services.scheduler.core.commands import (
+    AbortOwnedCommand,
+    CloseSessionCommand,
+    FlushCommand,
+    OpenSessionCommand,
+)
 from services.scheduler.transport.engine_client import EngineClient
 from services.scheduler.transport.leases import Leases
 from services.scheduler.transport.proto_codec import req_from_pb
@@ -149,13 +155,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         if self.draining:
             raise UnavailableError("scheduler is draining; open the session on another replica")
         self._check_lease(request.owner)
-        done = engine.open_session(request.session_id, request.capacity_of_str_len, request.owner)
-        await _engine_answer(done, "the session open")
+        command = OpenSessionCommand(request.session_id, request.capacity_of_str_len, request.owner)
+        await _engine_answer(engine.ask(command), "the session open")
         return scheduler_pb2.SessionAck()
 
     @grpc_errors
     async def CloseSession(self, request, context):  # noqa: N802
-        done = self._live_engine().close_session(request.session_id)
+        done = self._live_engine().ask(CloseSessionCommand(request.session_id))
         await _engine_answer(done, "the session close")
         return scheduler_pb2.SessionAck()
 
@@ -171,7 +177,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     @grpc_errors
     async def FlushCache(self, request, context):  # noqa: N802
         """Answered by the engine thread between steps; never touches engine state here."""
-        outcome = await _engine_answer(self._live_engine().flush_cache(), "the flush")
+        outcome = await _engine_answer(self._live_engine().ask(FlushCommand()), "the flush")
         return scheduler_pb2.FlushCacheResult(
             flushed=outcome.flushed,
             num_running=outcome.num_running,
@@ -217,21 +223,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     def _abort_owned(self, engine: EngineClient, owner: str) -> None:
         """Synchronous when the inbox has room; otherwise retried until it has, since a
         lost abort would leave the requests running for nobody."""
-        reason = f"frontend {owner} went away"
+        command = AbortOwnedCommand(owner, f"frontend {owner} went away")
         try:
-            engine.abort_owned(owner, reason)
+            engine.tell(command)
         except ResourceExhaustedError:
-            retry = self._retry_abort_owned(engine, owner, reason)
+            retry = self._retry_abort_owned(engine, command)
             task = asyncio.get_running_loop().create_task(retry)
             self._owner_aborts.add(task)
             task.add_done_callback(self._owner_aborts.discard)
 
     @staticmethod
-    async def _retry_abort_owned(engine: EngineClient, owner: str, reason: str) -> None:
+    async def _retry_abort_owned(engine: EngineClient, command: AbortOwnedCommand) -> None:
         while True:
             await asyncio.sleep(0.05)
             try:
-                engine.abort_owned(owner, reason)
+                engine.tell(command)
                 return
             except ResourceExhaustedError:
                 continue

@@ -1,7 +1,8 @@
-"""Overlap scheduling (``overlap_schedule``): the next decode step is launched on the
-forward worker before the in-flight one is committed. Everything a client sees must be
-what the synchronous scheduler gives: the same tokens, finish reasons and rows, with the
-KV back in the pool at the end. The tiny model runs in float32, where a row's logits do
+"""Overlap scheduling (``overlap_schedule``): the next decode step is scheduled and
+submitted to the forward worker before the in-flight one is committed. It runs the same
+``execute`` on the same plans as the synchronous scheduler, and everything a client sees
+is what that gives: the same tokens, finish reasons and rows, with the KV back in the pool
+at the end. The tiny model runs in float32, where a row's logits do
 not depend on its batch, so greedy and seeded outputs compare exactly."""
 
 from __future__ import annotations
@@ -13,11 +14,9 @@ from pathlib import Path
 import pytest
 
 from services.scheduler.core.output_row import OutputRow
-from services.scheduler.core.overlap import InflightStep
 from services.scheduler.core.req import Req
 from services.scheduler.core.scheduler import Scheduler
-from services.scheduler.model_executor.model_runner import ForwardPlan
-from services.scheduler.sampling.sampler import SampleOutput
+from services.scheduler.core.scheduler_output import ExecuteOutput, SchedulerOutput
 from tests.scheduler.factories import (
     assert_kv_conserved,
     assert_kv_returns_to_pool,
@@ -29,22 +28,42 @@ _RNG = random.Random(12)
 PROMPTS = [[_RNG.randrange(1000, 60000) for _ in range(_RNG.randrange(4, 30))] for _ in range(10)]
 
 
-def count_launches(scheduler: Scheduler) -> list[int]:
-    """A one-element counter of the steps handed to the forward worker (a spy that
-    forwards every call, so the worker still runs them)."""
+def count_overlapped(scheduler: Scheduler) -> list[int]:
+    """A one-element counter of the steps scheduled on top of one in flight (a spy that
+    forwards every call to the forward worker, so it still runs them)."""
     worker = scheduler._worker
     assert worker is not None
-    launches = [0]
+    overlapped = [0]
     submit = worker.submit
 
     def counted(
-        plan: ForwardPlan, reqs: list[Req], previous: InflightStep | None
-    ) -> Future[SampleOutput]:
-        launches[0] += 1
-        return submit(plan, reqs, previous)
+        out: SchedulerOutput, previous: Future[ExecuteOutput] | None
+    ) -> Future[ExecuteOutput]:
+        overlapped[0] += previous is not None
+        return submit(out, previous)
 
     worker.submit = counted  # type: ignore[method-assign]
-    return launches
+    return overlapped
+
+
+def record_executes(scheduler: Scheduler) -> list[tuple]:
+    """Every step the scheduler's executor runs, in order: its requests, their inputs (a
+    placeholder resolved), prefix and slot counts, the rows that sample and the tokens they
+    sampled. A spy that forwards every call, on whichever thread runs it."""
+    calls: list[tuple] = []
+    execute = scheduler.executor.execute
+
+    def recorded(out: SchedulerOutput, inflight_tokens: list[int] | None = None) -> ExecuteOutput:
+        result = execute(out, inflight_tokens)
+        plan = out.forward_plan(inflight_tokens)
+        slots = [len(s) for s in out.kv_slots]
+        rids = [r.rid for r in out.reqs]
+        step = (rids, plan.new_token_ids, out.prefix_lens, slots, out.sample_rows)
+        calls.append((*step, result.sampled.token_ids))
+        return result
+
+    scheduler.executor.execute = recorded  # type: ignore[method-assign]
+    return calls
 
 
 def run(
@@ -93,16 +112,34 @@ def workload(**params: object) -> dict[int, list[Req]]:
 def test_same_tokens_and_rows_as_synchronous(default_model_dir: Path, params: dict) -> None:
     reference = run(make_scheduler(default_model_dir), workload(**params))
     scheduler = make_scheduler(default_model_dir, overlap_schedule=True)
-    launches = count_launches(scheduler)
+    overlapped = count_overlapped(scheduler)
     rows = run(scheduler, workload(**params))
     assert tokens(rows) == tokens(reference)
     assert finishes(rows) == finishes(reference) == dict.fromkeys(rows, "length")
     # Rows are cut the same way (first token alone, then one per step): only their timing
     # shifts by one step.
     assert {r: len(rs) for r, rs in rows.items()} == {r: len(rs) for r, rs in reference.items()}
-    # Decode steps chained: more launches than the longest request has tokens to decode.
-    assert launches[0] >= max(len(t) for t in tokens(rows).values()) - 2
+    # Every decode step overlapped the one before but the first after each of the two
+    # prefills, and the step that admitted the late pair.
+    assert overlapped[0] >= max(len(t) for t in tokens(rows).values()) - 4
     assert_kv_returns_to_pool(scheduler)
+
+
+def test_overlap_pipelines_the_same_executes(default_model_dir: Path) -> None:
+    """A decode workload (every request admitted at once, each ending by length) runs the
+    very same sequence of steps through ``execute`` with and without overlap; with it, the
+    decodes fed the in-flight step's tokens through placeholders."""
+    arrivals = {0: workload(temperature=0.0)[0]}
+    sync = make_scheduler(default_model_dir)
+    sync_calls = record_executes(sync)
+    reference = run(sync, arrivals)
+    scheduler = make_scheduler(default_model_dir, overlap_schedule=True)
+    calls = record_executes(scheduler)
+    overlapped = count_overlapped(scheduler)
+    arrivals = {0: workload(temperature=0.0)[0]}
+    assert tokens(run(scheduler, arrivals)) == tokens(reference)
+    assert calls == sync_calls
+    assert overlapped[0] == len(calls) - 2  # all but the prefill and the first decode
 
 
 def test_a_stop_token_mid_chain_ends_the_request_and_drops_its_extra_row(
@@ -151,8 +188,8 @@ def test_a_request_with_penalties_runs_synchronously(default_model_dir: Path) ->
     """Penalties read every committed token: with such a request running, no step chains."""
     reference = run(make_scheduler(default_model_dir), with_penalty())
     scheduler = make_scheduler(default_model_dir, overlap_schedule=True)
-    launches = count_launches(scheduler)
+    overlapped = count_overlapped(scheduler)
     rows = run(scheduler, with_penalty())
-    assert launches[0] == 0
+    assert overlapped[0] == 0
     assert tokens(rows) == tokens(reference)
     assert_kv_returns_to_pool(scheduler)

@@ -9,8 +9,14 @@ from pathlib import Path
 import pytest
 
 from services.common.errors import AlreadyExistsError, InvalidArgumentError
+from services.scheduler.core.commands import (
+    AbortOwnedCommand,
+    CloseSessionCommand,
+    OpenSessionCommand,
+)
 from services.scheduler.core.req import Req, SessionParams
 from services.scheduler.core.scheduler import Scheduler
+from services.scheduler.core.scheduler_output import ExecuteOutput, SchedulerOutput
 from services.scheduler.transport.engine_thread import EngineThread
 from tests.scheduler.factories import (
     assert_kv_conserved,
@@ -66,6 +72,67 @@ def test_a_continuation_prefills_only_its_new_tokens_and_matches_a_fresh_run(
     ref = make_req("ref", t2.input_ids, temperature=0.0, max_new_tokens=6, ignore_eos=True)
     assert run(fresh, ref).output_ids == t2.output_ids
     assert fresh.kv.tree.num_locked == 0  # a request outside a session pins nothing
+
+
+def test_the_last_tokens_kv_is_a_row_of_the_next_step(scheduler: Scheduler) -> None:
+    """The K/V of a finished request's last token is computed by the step after, as a row
+    of its plan that samples nothing; then the whole sequence is pinned."""
+    outs: list[SchedulerOutput] = []
+    execute = scheduler.executor.execute
+
+    def recorded(out: SchedulerOutput, inflight_tokens: list[int] | None = None) -> ExecuteOutput:
+        outs.append(out)
+        return execute(out, inflight_tokens)
+
+    scheduler.executor.execute = recorded  # type: ignore[method-assign]
+    t1 = run(scheduler, turn("t1", ids(1, 9), SessionParams("s")))
+    last = outs[-1]
+    assert [r.rid for r in last.reqs] == ["t1"] and last.kv_only_rows == [0]
+    assert last.new_token_ids == [[t1.output_ids[-1]]]
+    assert last.prefix_lens == [len(full(t1)) - 1]
+    assert not last.sample_rows and not last.prompt_only_rows
+    assert all(0 not in out.kv_only_rows for out in outs[:-1])
+    assert scheduler.kv.tree.num_locked == len(full(t1))
+
+
+def test_a_continuation_sent_before_its_parents_last_token_is_computed_waits_for_it(
+    scheduler: Scheduler,
+) -> None:
+    t1 = turn("t1", ids(1, 9), SessionParams("s"))
+    scheduler.add_request(t1)
+    while t1.finish is None:
+        scheduler.step()
+    assert scheduler.has_work  # the last token's K/V is still to be computed
+    t2 = turn("t2", ids(2, 4), SessionParams("s", rid="t1"))
+    run(scheduler, t2)
+    assert t2.num_cached_tokens == len(full(t1))
+
+
+def test_a_session_closed_before_the_last_token_is_computed_pins_nothing(
+    scheduler: Scheduler,
+) -> None:
+    t1 = turn("t1", ids(1, 9), SessionParams("s"))
+    scheduler.add_request(t1)
+    while t1.finish is None:
+        scheduler.step()
+    scheduler.close_session("s")
+    run_to_completion(scheduler)
+    assert_kv_returns_to_pool(scheduler)
+
+
+def test_turns_under_overlap_scheduling_match_the_synchronous_ones(
+    default_model_dir: Path, scheduler: Scheduler
+) -> None:
+    overlapped = make_scheduler(default_model_dir, overlap_schedule=True)
+    overlapped.open_session("s", capacity=1000, owner=OWNER)
+    outputs = []
+    for s in (scheduler, overlapped):
+        t1 = run(s, turn("t1", ids(1, 9), SessionParams("s")))
+        assert s.kv.tree.num_locked == len(full(t1))
+        t2 = run(s, turn("t2", ids(2, 4), SessionParams("s", rid="t1"), 6))
+        assert t2.num_cached_tokens == len(full(t1))
+        outputs.append((t1.output_ids, t2.output_ids))
+    assert outputs[0] == outputs[1]
 
 
 def test_pinned_kv_survives_eviction_and_close_returns_it(scheduler: Scheduler) -> None:
@@ -181,13 +248,13 @@ def test_the_engine_thread_answers_session_commands(default_model_dir: Path) -> 
     finished: list[str] = []
     engine = EngineThread(
         make_scheduler(default_model_dir),
-        lambda rows: finished.extend(r.rid for r in rows if r.HasField("finish_reason")),
+        lambda rows: finished.extend(r.rid for r in rows if r.finish is not None),
     )
     engine.start()
     try:
-        engine.open_session("s", 100, OWNER).result(timeout=10)
+        engine.ask(OpenSessionCommand("s", 100, OWNER)).result(timeout=10)
         with pytest.raises(AlreadyExistsError):
-            engine.open_session("s", 100, OWNER).result(timeout=10)
+            engine.ask(OpenSessionCommand("s", 100, OWNER)).result(timeout=10)
         orphan = turn("orphan", ids(26, 3), SessionParams("s", rid="nope"))
         refusal = engine.add_request(orphan)
         assert refusal is not None
@@ -198,9 +265,9 @@ def test_the_engine_thread_answers_session_commands(default_model_dir: Path) -> 
         wait_until(lambda: "t1" in finished, timeout=30)
         assert len(engine.live) == 0 and "orphan" not in finished  # refused: no row at all
         assert engine.stats.num_sessions == 1
-        engine.abort_owned(OWNER, "frontend went away")
+        engine.tell(AbortOwnedCommand(OWNER, "frontend went away"))
         wait_until(lambda: engine.stats.num_sessions == 0)
         with pytest.raises(InvalidArgumentError):
-            engine.close_session("s").result(timeout=10)
+            engine.ask(CloseSessionCommand("s")).result(timeout=10)
     finally:
         engine.stop()

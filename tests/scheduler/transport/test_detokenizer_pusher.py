@@ -11,12 +11,11 @@ import asyncio
 from dataclasses import dataclass
 
 import grpc
-from tokenline.v1 import detokenizer_pb2, detokenizer_pb2_grpc, scheduler_pb2
+from tokenline.v1 import detokenizer_pb2, detokenizer_pb2_grpc
 
 from services.launch import free_port
 from services.scheduler.core.output_row import OutputRow
 from services.scheduler.transport.detokenizer_pusher import MAX_UNSENT_STEPS, DetokenizerPusher
-from services.scheduler.transport.proto_codec import row_to_pb
 from tests.scheduler.factories import make_req
 from tests.waiting import eventually
 
@@ -38,8 +37,8 @@ class RecordingDetokenizer(detokenizer_pb2_grpc.DetokenizerServiceServicer):
         return detokenizer_pb2.PushAck()
 
 
-def row(rid: str) -> list[scheduler_pb2.TokenIDRow]:
-    return [row_to_pb(OutputRow.of(make_req(rid, [1, 2]), [5], None))]
+def row(rid: str) -> list[OutputRow]:
+    return [OutputRow.of(make_req(rid, [1, 2]), [5], None)]
 
 
 async def test_nothing_is_lost_before_connect_and_a_broken_stream_aborts_its_requests() -> None:

@@ -5,13 +5,10 @@ still has work or rows on their way."""
 
 from __future__ import annotations
 
-from tokenline.v1 import scheduler_pb2
-
 from services.scheduler.core.messages import EngineLimits, EngineOutput, EngineStats
 from services.scheduler.core.output_row import OutputRow
 from services.scheduler.core.req import FinishInfo
 from services.scheduler.transport.engine_client import EngineClient
-from services.scheduler.transport.proto_codec import row_to_pb
 from tests.scheduler.factories import make_req
 
 LIMITS = EngineLimits(vocab_size=1000, context_length=64, num_kv_tokens=256, max_waiting_requests=4)
@@ -24,8 +21,8 @@ class FakeTransportClient(EngineClient):
         super().__init__(LIMITS, sink)
 
 
-def _row(rid: str, finish: FinishInfo | None) -> scheduler_pb2.TokenIDRow:
-    return row_to_pb(OutputRow(rid, (5,), finish, 3, 1, 0))
+def _row(rid: str, finish: FinishInfo | None) -> OutputRow:
+    return OutputRow(rid, (5,), finish, 3, 1, 0)
 
 
 def test_never_idle_between_an_applied_command_and_its_rows() -> None:

@@ -18,14 +18,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from tokenline.v1 import scheduler_pb2
 
 from services.common.errors import InvalidArgumentError
 from services.scheduler.__main__ import parse_args
+from services.scheduler.core.commands import CloseSessionCommand, FlushCommand
 from services.scheduler.core.output_row import OutputRow
 from services.scheduler.core.req import SessionParams
 from services.scheduler.transport.engine_process import EngineLaunch, EngineProcess
-from services.scheduler.transport.proto_codec import row_from_pb
 from tests.scheduler.factories import make_req, make_scheduler
 
 pytestmark = pytest.mark.live
@@ -40,9 +39,9 @@ class Rows:
     def __init__(self) -> None:
         self.rows: queue.Queue[OutputRow] = queue.Queue()
 
-    def __call__(self, batch: Sequence[scheduler_pb2.TokenIDRow]) -> None:
+    def __call__(self, batch: Sequence[OutputRow]) -> None:
         for row in batch:
-            self.rows.put(row_from_pb(row))
+            self.rows.put(row)
 
     def until_final(self, rid: str) -> list[OutputRow]:
         got: list[OutputRow] = []
@@ -103,7 +102,7 @@ def test_answers_and_refusals_cross_with_their_type_and_field(
 ) -> None:
     process, rows = engine
     with pytest.raises(InvalidArgumentError) as refused:
-        process.close_session("no-such-session").result(timeout=30)
+        process.ask(CloseSessionCommand("no-such-session")).result(timeout=30)
     assert refused.value.field == "session_id"
 
     # A session request is answered by the engine; refused, its rid is free again.
@@ -117,7 +116,7 @@ def test_answers_and_refusals_cross_with_their_type_and_field(
 
     process.add_request(make_req("warm", PROMPT, temperature=0.0, max_new_tokens=1))
     rows.until_final("warm")
-    outcome = process.flush_cache().result(timeout=30)
+    outcome = process.ask(FlushCommand()).result(timeout=30)
     assert outcome.flushed and (outcome.num_running, outcome.num_waiting) == (0, 0)
     assert process.stats.num_cached_kv_tokens == 0
 

@@ -16,7 +16,6 @@ from tokenline.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.common.errors import call_error, field_of
 from services.scheduler.core.output_row import OutputRow
 from services.scheduler.transport.engine_thread import EngineThread
-from services.scheduler.transport.proto_codec import row_from_pb
 from services.scheduler.transport.servicer import SchedulerServicer
 from tests.scheduler.factories import make_scheduler
 
@@ -25,7 +24,7 @@ PROMPT = [0, *range(1000, 1120)]
 
 @pytest.fixture
 async def stub(default_model_dir: Path) -> AsyncIterator[tuple]:
-    outbox: queue.Queue[Sequence[scheduler_pb2.TokenIDRow]] = queue.Queue()
+    outbox: queue.Queue[Sequence[OutputRow]] = queue.Queue()
     engine = EngineThread(make_scheduler(default_model_dir, max_running_requests=1), outbox.put)
     engine.start()
     servicer = SchedulerServicer("tokenline-tiny")
@@ -73,14 +72,12 @@ async def _renew(call, frontend_id: str) -> None:
         await call.write(scheduler_pb2.AttachRequest(frontend_id=frontend_id))
 
 
-async def drain(
-    outbox: queue.Queue[Sequence[scheduler_pb2.TokenIDRow]], rows: list[OutputRow]
-) -> None:
+async def drain(outbox: queue.Queue[Sequence[OutputRow]], rows: list[OutputRow]) -> None:
     """Stand in for the detokenizer pusher: collect every step's rows."""
     while True:
         with contextlib.suppress(queue.Empty):
             batch = await asyncio.to_thread(outbox.get, timeout=0.2)
-            rows.extend(map(row_from_pb, batch))
+            rows.extend(batch)
 
 
 async def wait_for_finishes(rows: list[OutputRow], rids: set[str]) -> None:

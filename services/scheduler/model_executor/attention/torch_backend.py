@@ -73,9 +73,10 @@ class TorchAttentionMetadata(AttentionMetadata):
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
-    def __init__(self, batch_invariant: bool = False) -> None:
-        # Set by the engine once its compiled kernels are loaded (transport/engine_build.py).
-        self.decode_kernel = False
+    def __init__(self, batch_invariant: bool = False, decode_kernel: bool = False) -> None:
+        # Whether ``torch.ops.tokenline.decode_attention`` is loaded: the engine loads its
+        # compiled kernels before it builds the model (transport/engine_build.py).
+        self.decode_kernel = decode_kernel
         self.batch_invariant = batch_invariant
 
     def plan(self, batch: ForwardBatch, window: int | None = None) -> TorchAttentionMetadata:

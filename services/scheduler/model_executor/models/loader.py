@@ -57,14 +57,16 @@ def load_model(
     attention_backend: str = "torch",
     model_impl: str = "auto",
     batch_invariant: bool = False,
+    decode_kernel: bool = False,
 ) -> tuple[NativeCausalLM | TransformersCausalLM, ModelConfig]:
     """Build the model for ``model_dir`` on ``device`` with its weights loaded, in eval mode,
     on the path ``model_impl`` (auto, native, transformers: ``model_impl.py``) picks.
 
     ``dtype`` None or "auto" is what ``choose_dtype`` picks for the checkpoint on ``device``.
     ``batch_invariant``: each row's result independent of the rest of its batch, at a cost
-    (``linear.py``, ``torch_backend.py``). Raises ``UnsupportedModelError`` (one line) for
-    a checkpoint the chosen path cannot run.
+    (``linear.py``, ``torch_backend.py``). ``decode_kernel``: the compiled CPU decode
+    attention kernel is loaded, for the backend to call (``torch_backend.py``). Raises
+    ``UnsupportedModelError`` (one line) for a checkpoint the chosen path cannot run.
     """
     model_dir = Path(model_dir)
     device = torch.device(device)
@@ -83,9 +85,11 @@ def load_model(
             load_transformers_model,
         )
 
-        return load_transformers_model(model_dir, files, chosen, device, attention_backend)
+        return load_transformers_model(
+            model_dir, files, chosen, device, attention_backend, decode_kernel
+        )
     config = check_native_support(model_dir)
-    backend = create_attention_backend(attention_backend, device, batch_invariant)
+    backend = create_attention_backend(attention_backend, device, batch_invariant, decode_kernel)
     with torch.device("meta"):
         model = NATIVE_MODELS[config.architecture](config, backend)
     chosen = choose_dtype(dtype, config.dtype, device).dtype

@@ -142,6 +142,7 @@ def load_transformers_model(
     dtype: torch.dtype,
     device: torch.device,
     attention_backend: str = "torch",
+    decode_kernel: bool = False,
 ) -> tuple[TransformersCausalLM, ModelConfig]:
     """Build the checkpoint's transformers CausalLM with its parameters on the meta device,
     fill them from the safetensors ``files`` in ``dtype`` on ``device``, and wrap it."""
@@ -155,7 +156,7 @@ def load_transformers_model(
     _load_weights(causal_lm, files, dtype, device)
     causal_lm.to(device).eval()
     config = _model_config(hf_config, model_dir, dtype)
-    backend = create_attention_backend(attention_backend, device)
+    backend = create_attention_backend(attention_backend, device, decode_kernel=decode_kernel)
     logger.info(
         "model %s: %s through transformers, %s on %s",
         model_dir.name,
