@@ -299,13 +299,13 @@ class Scheduler:
         # A request whose in-flight token is its last by length is not scheduled again: that
         # row would only be dropped (or run past the context).
         ends = self.stop_checker.reaches_length
-        decodes = [
-            r
-            for r in self.running
-            if r.num_uncomputed == 1
-            and not (r.num_inflight and ends(r, len(r.output_ids) + r.num_inflight))
-        ]
-        prefills = [r for r in self.running if r.num_uncomputed > 1]
+        decodes, prefills = [], []
+        for r in self.running:
+            num = r.num_uncomputed
+            if num > 1:
+                prefills.append(r)
+            elif num == 1 and not (r.num_inflight and ends(r, len(r.output_ids) + r.num_inflight)):
+                decodes.append(r)
         if len(decodes) <= out.budget and self.kv.can_allocate(len(decodes)):
             self._plan_decodes(out, decodes)  # the common case: room for every decode
         else:
@@ -328,6 +328,7 @@ class Scheduler:
         for req, slot in zip(reqs, self.kv.allocate(len(reqs)), strict=True):
             start = len(req.kv_slots)
             req.kv_slots.append(slot)
+            i = len(out.reqs)
             out.reqs.append(req)
             if req.num_inflight:
                 assert self._inflight is not None
@@ -336,6 +337,10 @@ class Scheduler:
             else:
                 out.new_token_ids.append(req.token_slice(start, start + 1))
             out.prefix_lens.append(start)
+            if start < len(req.input_ids):
+                self._mark(out, i, req, start)  # its last prompt token
+            else:
+                out.sample_rows.append(i)  # a decode: its one new token fills its KV
         out.num_tokens += len(reqs)
 
     def _make_room(self, out: SchedulerOutput, req: Req) -> bool:
@@ -412,19 +417,26 @@ class Scheduler:
         out.new_token_ids.append(req.token_slice(start, start + num))
         out.prefix_lens.append(start)
         out.num_tokens += num
+        self._mark(out, len(out.reqs) - 1, req, start)
+
+    @staticmethod
+    def _mark(out: SchedulerOutput, i: int, req: Req, start: int) -> None:
+        """What the step does with row ``i`` beyond its forward: a chunk of the prompt is
+        cached once computed (and may be scored or pooled); a request with every token in
+        KV after the step samples its next one, or ends there if it asked for none."""
+        if start < len(req.input_ids):
+            out.prompt_rows.append(i)
+        if req.num_uncomputed == 0 and not req.is_finished:  # finished: a KV-only row
+            rows = out.sample_rows if req.params.max_new_tokens > 0 else out.prompt_only_rows
+            rows.append(i)
 
     def _close(self, out: SchedulerOutput) -> None:
-        """Complete a plan whose chunks are all in: which requests sample (every token
-        of theirs is in KV after this step), which end with their prompt (they asked for
-        no token: scoring, pooling), the prompt rows to score and pool, the slot lists."""
+        """Complete a plan whose chunks are all in: the prompt rows to score and pool (only
+        chunks of a prompt have any), and the slot lists."""
         reqs = out.reqs
-        for i in range(len(out.kv_only_rows), len(reqs)):  # KV-only rows come first
-            req = reqs[i]
-            if req.num_uncomputed == 0:
-                rows = out.sample_rows if req.params.max_new_tokens > 0 else out.prompt_only_rows
-                rows.append(i)
-        out.prompt_spans = plan_spans(reqs, out.prefix_lens, out.new_token_ids)
-        out.pool_spans = plan_pool_spans(reqs, out.prefix_lens, out.new_token_ids)
+        if out.prompt_rows:
+            out.prompt_spans = plan_spans(reqs, out.prefix_lens, out.new_token_ids)
+            out.pool_spans = plan_pool_spans(reqs, out.prefix_lens, out.new_token_ids)
         out.kv_slots = [req.kv_slots for req in reqs]
 
     # ---- overlap scheduling (overlap.py) ---------------------------------------------
@@ -476,9 +488,8 @@ class Scheduler:
         record_spans(reqs, out.prompt_spans, result.prompt_logprobs)
         record_pool_spans(reqs, out.pool_spans, result.pooled)
         self.stats.step_tokens.append(out.num_tokens)
-        for req, prefix_len in zip(reqs, out.prefix_lens, strict=True):
-            if prefix_len < len(req.input_ids):
-                self.kv.cache_prefix(req)  # share the prompt as soon as it is computed
+        for i in out.prompt_rows:
+            self.kv.cache_prefix(reqs[i])  # share the prompt as soon as it is computed
         for i in out.kv_only_rows:
             self._keep_session_kv(reqs[i])
         # A request ended while its step was in flight (an abort) is skipped.

@@ -42,6 +42,7 @@ class SchedulerOutput:
     # is done (the requests' live lists, or copies of them for the forward worker).
     kv_slots: list[list[int]] = field(default_factory=list)
     num_tokens: int = 0  # new tokens in all
+    prompt_rows: list[int] = field(default_factory=list)  # chunks of a prompt: cached once done
     sample_rows: list[int] = field(default_factory=list)  # each samples its next token
     prompt_only_rows: list[int] = field(default_factory=list)  # prompt done, nothing to sample
     # Finished session requests whose last token only gets its K/V (sessions.py). They are
