@@ -46,6 +46,7 @@ class SchedulerProcessConfig:
     attention_backend: str
     model_impl: str  # auto | native | transformers (model/model_impl.py)
     batch_invariant: bool
+    quantization: str  # none | int8 (model/quantization.py)
     kv_cache_tokens: int
     kv_cache_memory_mb: int
     max_running_requests: int
@@ -82,6 +83,7 @@ def build_scheduler(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
         config.attention_backend,
         model_impl=impl.path,
         batch_invariant=config.batch_invariant,
+        quantization=config.quantization,
     )
     logger.info("model %s in %s on %s (%s)", config.model, choice.name, device, choice.reason)
     kv_pool = create_kv_pool(config, model_config, choice.dtype, device)
