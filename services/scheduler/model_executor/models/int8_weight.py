@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-KERNEL_MAX_ROWS = 16  # above this many rows, dequantise and use the dense GEMM
+KERNEL_MAX_ROWS = 8  # above this many rows, dequantise and use the dense GEMM (measured)
 K_MULTIPLE = 16  # input widths the kernel takes: it has no loop for a remainder
 INT8_MAX = 127  # symmetric: -127..127, so a weight and its negation round alike
 _DEQUANT_BLOCK = 1 << 20  # weight elements dequantised at a time (4 MiB of float32)

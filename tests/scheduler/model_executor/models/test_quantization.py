@@ -48,7 +48,8 @@ def error_bound(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def test_int8_linear_is_its_dequantised_weights_product(
     dtype: torch.dtype, rows: int, bias: bool
 ) -> None:
-    """Up to 16 rows take the int8 kernel, more the dense GEMM on the dequantised weight."""
+    """Up to KERNEL_MAX_ROWS rows take the int8 kernel, more the dense GEMM on the
+    dequantised weight."""
     torch.manual_seed(rows)
     layer = Linear(96, 80, bias=bias, dtype=dtype)
     x = torch.randn(2 * rows, 96, dtype=dtype)[::2]  # not contiguous
