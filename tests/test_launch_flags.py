@@ -22,7 +22,7 @@ from services.launch_flags import add_service_flags, route
 
 FLAGS = [
     *("--tool-call-parser", "deepseek_v31"),  # the frontend's
-    *("--dtype", "float32", "--batch-invariant"),  # the scheduler's
+    *("--dtype", "float32", "--batch-invariant", "--quantization", "int8"),  # the scheduler's
     *("--max-decode-states", "10"),  # the detokenizer's
     "--no-multiplex",  # the gateway's
     *("--log-level", "debug"),  # all four
@@ -43,6 +43,7 @@ def test_each_flag_reaches_the_services_that_take_it() -> None:
     detokenizer, gateway = parsed(stack, "detokenizer"), parsed(stack, "gateway")
     assert frontend.tool_call_parser == "deepseek_v31" and frontend.context_length == 512
     assert scheduler.dtype == "float32" and scheduler.batch_invariant
+    assert scheduler.quantization == "int8"
     assert scheduler.context_length == 512
     assert detokenizer.max_decode_states == 10 and gateway.multiplex is False
     assert {p.log_level.lower() for p in (frontend, scheduler, detokenizer, gateway)} == {"debug"}

@@ -46,6 +46,7 @@ ENV_VARS: dict[str, EnvVar] = {
             "TOKENLINE_BATCH_INVARIANT",
             "1: each request's output is independent of its batch (scheduler, slower)",
         ),
+        EnvVar("TOKENLINE_QUANTIZATION", "scheduler: weight quantization, none or int8"),
         EnvVar(
             "TOKENLINE_BUILD_KERNELS",
             "scheduler: 1 to compile the CPU kernels at start when none fit this machine",

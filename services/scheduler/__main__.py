@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from services.common.envs import env_default, parse_bool
@@ -22,6 +23,11 @@ from services.scheduler.model_executor.models.model_impl import (
     ModelImpl,
     UnsupportedModelError,
     resolve_model_impl,
+)
+from services.scheduler.model_executor.models.quantization import (
+    QUANTIZATIONS,
+    QuantizationError,
+    check_quantization,
 )
 from services.scheduler.transport.detokenizer_pusher import DetokenizerPusher
 from services.scheduler.transport.engine_build import SchedulerProcessConfig, build_scheduler
@@ -85,6 +91,14 @@ def create_parser() -> argparse.ArgumentParser:
         help="make each request's output independent of what else is in its batch (fixed "
         "row tiles in every matmul, decode attention per request), at a measured cost: "
         "docs/batch-invariance.md",
+    )
+    p.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default=env_default("TOKENLINE_QUANTIZATION", "none"),
+        help="int8: every linear projection's weight and the LM head held as int8, one "
+        "scale per output channel (native models on CPU; faster decode, less memory, "
+        "slightly different logits): docs/quantization.md",
     )
     p.add_argument(
         "--kv-cache-tokens",
@@ -177,11 +191,12 @@ def _at_least_one(text: str) -> int:
 
 
 def resolve_or_exit(config: SchedulerProcessConfig) -> ModelImpl:
-    """The path that serves the model; a checkpoint none can run ends the process here,
-    with one line and before any weight or kernel work."""
+    """The path that serves the model; a checkpoint none can run, or a --quantization it
+    cannot, ends the process here, with one line and before any weight or kernel work."""
     try:
         impl = resolve_model_impl(config.model, config.model_impl)
-    except UnsupportedModelError as exc:
+        check_quantization(config.quantization, torch.device(config.device), impl.path)
+    except (UnsupportedModelError, QuantizationError) as exc:
         raise SystemExit(f"tokenline-scheduler: {exc}") from None
     if impl.headless and config.runner != "pooling":
         raise SystemExit(

@@ -16,7 +16,7 @@ from services.scheduler.core.stop_checker import StopChecker
 from services.scheduler.mem_cache.kv_pool import KVPool
 from services.scheduler.model_executor.models.loader import load_model
 
-_MODELS: dict[tuple[str, torch.dtype], tuple] = {}
+_MODELS: dict[tuple, tuple] = {}
 _TOKENIZERS: dict[str, object] = {}
 
 
@@ -25,11 +25,14 @@ def make_scheduler(
     *,
     kv_tokens: int = 4096,
     dtype: torch.dtype = torch.float32,
+    load: dict[str, str | bool] | None = None,
     **config: int | bool,
 ) -> Scheduler:
-    key = (str(model_dir), dtype)
+    """``load``: more ``load_model`` options (``quantization``, ``batch_invariant``)."""
+    load = load or {}
+    key = (str(model_dir), dtype, *sorted(load.items()))
     if key not in _MODELS:  # loading is the slow part; model and tokenizer are read-only
-        _MODELS[key] = load_model(model_dir, dtype, "cpu")
+        _MODELS[key] = load_model(model_dir, dtype, "cpu", **load)  # type: ignore[arg-type]
     model, model_config = _MODELS[key]
     pool = KVPool(
         kv_tokens, model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, dtype

@@ -48,6 +48,7 @@ class SchedulerProcessConfig:
     attention_backend: str
     model_impl: str  # auto | native | transformers (model/model_impl.py)
     batch_invariant: bool
+    quantization: str  # none | int8 (model/quantization.py)
     kv_cache_tokens: int
     kv_cache_memory_mb: int
     max_running_requests: int
@@ -88,6 +89,7 @@ def build_scheduler(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
         model_impl=impl.path,
         batch_invariant=config.batch_invariant,
         decode_kernel=kernels.decode_attention,
+        quantization=config.quantization,
     )
     logger.info("model %s in %s on %s (%s)", config.model, choice.name, device, choice.reason)
     if device.type == "cpu":

@@ -95,7 +95,7 @@ class NativeCausalLM(nn.Module):
         ``meta`` is ``self.attn_backend.plan(batch)``; windowed layers get their own plans
         here. Writes each layer's new K/V to ``kv_pool`` at ``batch.out_cache_loc`` only.
         """
-        dtype = self.model.embed_tokens.weight.dtype
+        dtype = self.model.norm.weight.dtype  # the embedding may be int8 (quantization.py)
         metas: dict[int | None, AttentionMetadata] = {None: meta}
         for window in self.windows:
             metas[window] = self.attn_backend.plan(batch, window=window)

@@ -25,6 +25,9 @@ things make it faster and leaner under serving:
   batched). With ``row_tile`` set, every matmul runs on exactly that many rows, so each row
   meets the same kernel and the same reduction order whatever else is in the step; the
   extra rows and calls are the switch's cost (docs/batch-invariance.md).
+* **int8 weights (``--quantization int8``).** A quantized layer multiplies through
+  ``int8_weight.py`` instead, which neither packs nor pads (its kernels keep nothing per
+  shape) and is batch-invariant by its kernel rather than by row tiles.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from services.scheduler.model_executor.models.int8_weight import Int8Weight
 
 # The dtypes oneDNN packs on any x86 CPU torch supports (fp16 needs AVX512_FP16 or
 # AVX-NE-CONVERT, so it stays on plain F.linear, still through oneDNN, with row buckets).
@@ -71,6 +76,7 @@ class Linear(nn.Linear):
     pad_rows: bool = False
     row_tile: int = 0  # > 0: every matmul takes exactly this many rows
     packed_weight: torch.Tensor | None = None  # opaque oneDNN tensor; a plain attribute
+    quantized: Int8Weight | None = None  # set by ``quantize``; then ``weight`` is None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         num_rows = x.shape[0]
@@ -87,6 +93,8 @@ class Linear(nn.Linear):
         return out if padded == num_rows else out[:num_rows]
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            return self.quantized.matmul(x, self.bias)
         if self.packed_weight is not None:
             return torch.ops.mkldnn._linear_pointwise(
                 x, self.packed_weight, self.bias, "none", [], ""
@@ -101,14 +109,22 @@ class Linear(nn.Linear):
         if not keep_dense:
             self.weight = None  # type: ignore[assignment]
 
+    def quantize(self, row_independent: bool) -> Int8Weight:
+        """Hold the weight as int8 (``int8_weight.py``) and drop the dense one from this
+        module; returns the int8 weight (a tied embedding reads it too)."""
+        self.quantized = Int8Weight.quantize(self.weight, row_independent)
+        self.weight = None  # type: ignore[assignment]
+        return self.quantized
+
 
 def prepare_linears(
     model: nn.Module, device: torch.device, dtype: torch.dtype, batch_invariant: bool = False
 ) -> str:
     """Set every ``Linear`` of a loaded ``model`` up for ``device`` and ``dtype``: packed
     and padded where oneDNN runs them, in fixed row tiles when ``batch_invariant`` (see the
-    module docstring). Returns what was done, for the start-up log."""
-    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    module docstring); a quantized one is left to its own kernels. Returns what was done,
+    for the start-up log."""
+    layers = [m for m in model.modules() if isinstance(m, Linear) and m.quantized is None]
     how = _pack_or_pad(model, layers, device, dtype)
     if not batch_invariant:
         return how

@@ -27,6 +27,10 @@ from services.scheduler.model_executor.models.config import ModelConfig
 from services.scheduler.model_executor.models.dtype import choose_dtype
 from services.scheduler.model_executor.models.linear import prepare_linears
 from services.scheduler.model_executor.models.model_impl import resolve_model_impl
+from services.scheduler.model_executor.models.quantization import (
+    check_quantization,
+    quantize_model,
+)
 from services.scheduler.model_executor.models.registry import NATIVE_MODELS, check_native_support
 
 if TYPE_CHECKING:
@@ -58,6 +62,7 @@ def load_model(
     model_impl: str = "auto",
     batch_invariant: bool = False,
     decode_kernel: bool = False,
+    quantization: str = "none",
 ) -> tuple[NativeCausalLM | TransformersCausalLM, ModelConfig]:
     """Build the model for ``model_dir`` on ``device`` with its weights loaded, in eval mode,
     on the path ``model_impl`` (auto, native, transformers: ``model_impl.py``) picks.
@@ -65,12 +70,15 @@ def load_model(
     ``dtype`` None or "auto" is what ``choose_dtype`` picks for the checkpoint on ``device``.
     ``batch_invariant``: each row's result independent of the rest of its batch, at a cost
     (``linear.py``, ``torch_backend.py``). ``decode_kernel``: the compiled CPU decode
-    attention kernel is loaded, for the backend to call (``torch_backend.py``). Raises
-    ``UnsupportedModelError`` (one line) for a checkpoint the chosen path cannot run.
+    attention kernel is loaded, for the backend to call (``torch_backend.py``).
+    ``quantization`` "int8": weight-only int8 (``quantization.py``). Raises
+    ``UnsupportedModelError`` (one line) for a checkpoint the chosen path cannot run,
+    ``QuantizationError`` (one line) for a quantization it cannot.
     """
     model_dir = Path(model_dir)
     device = torch.device(device)
     impl = resolve_model_impl(model_dir, model_impl)
+    check_quantization(quantization, device, impl.path)
     if impl.path == "transformers":
         if batch_invariant:
             raise ValueError(
@@ -88,14 +96,12 @@ def load_model(
         return load_transformers_model(
             model_dir, files, chosen, device, attention_backend, decode_kernel
         )
-    config = check_native_support(model_dir)
-    backend = create_attention_backend(attention_backend, device, batch_invariant, decode_kernel)
-    with torch.device("meta"):
-        model = NATIVE_MODELS[config.architecture](config, backend)
-    chosen = choose_dtype(dtype, config.dtype, device).dtype
-    model = model.to(dtype=chosen).to_empty(device=device)
-    model.tie_weights()
-    load_weights(model, checkpoint_files(model_dir))
+    model, config = load_native(
+        model_dir, dtype, device, attention_backend, batch_invariant, decode_kernel
+    )
+    chosen = model.model.norm.weight.dtype
+    if quantization == "int8":
+        logger.info("model %s: %s", model_dir.name, quantize_model(model, batch_invariant))
     linears = prepare_linears(model, device, chosen, batch_invariant)  # packing, row buckets
     logger.info(
         "model %s (%s): %s on %s, linear layers %s",
@@ -106,6 +112,27 @@ def load_model(
         linears,
     )
     return model.eval(), config
+
+
+def load_native(
+    model_dir: Path,
+    dtype: torch.dtype | str | None,
+    device: torch.device,
+    attention_backend: str = "torch",
+    batch_invariant: bool = False,
+    decode_kernel: bool = False,
+) -> tuple[NativeCausalLM, ModelConfig]:
+    """The native model of ``model_dir`` with its checkpoint weights, dense and not yet
+    quantized or packed: ``load_model``'s first half (a benchmark may alter it between)."""
+    config = check_native_support(model_dir)
+    backend = create_attention_backend(attention_backend, device, batch_invariant, decode_kernel)
+    with torch.device("meta"):
+        model = NATIVE_MODELS[config.architecture](config, backend)
+    chosen = choose_dtype(dtype, config.dtype, device).dtype
+    model = model.to(dtype=chosen).to_empty(device=device)
+    model.tie_weights()
+    load_weights(model, checkpoint_files(model_dir))
+    return model, config
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:

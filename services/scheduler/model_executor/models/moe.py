@@ -4,7 +4,9 @@ The router picks ``top_k`` experts per token. Rather than loop over tokens, the 
 (token, expert) pairs are sorted by expert so that each expert that any token chose runs
 one matmul over all of its tokens; the outputs are weighted and summed back per token with
 one ``index_add_``. The expert weights live stacked in ``[num_experts, ...]`` parameters
-(the loader stacks HF's per-expert tensors into them).
+(the loader stacks HF's per-expert tensors into them). With ``--quantization int8`` each
+expert's weights are int8 (``int8_weight.py``); the router stays in full precision, since
+a rounded router score can send a token to another expert.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.scheduler.model_executor.models.config import ModelConfig, MoeConfig
+from services.scheduler.model_executor.models.int8_weight import Int8Weight
 from services.scheduler.model_executor.models.layers import ACTIVATIONS, MLP
 from services.scheduler.model_executor.models.linear import Linear
 
@@ -25,6 +28,9 @@ class Experts(nn.Module):
         super().__init__()
         size, hidden = moe.intermediate_size, config.hidden_size
         self.intermediate_size = size
+        self.num_experts = moe.num_experts
+        # Per expert (gate_up, down) once ``quantize`` has run; the stacks are then None.
+        self.int8: list[tuple[Int8Weight, Int8Weight]] | None = None
         self.gate_up_proj = nn.Parameter(torch.empty(moe.num_experts, 2 * size, hidden))
         self.down_proj = nn.Parameter(torch.empty(moe.num_experts, hidden, size))
         self.act = ACTIVATIONS[config.hidden_act]
@@ -37,7 +43,7 @@ class Experts(nn.Module):
         flat = expert_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         token_of = order // top_k
-        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0]).tolist()
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         rows = x.index_select(0, token_of)
         outputs = torch.empty_like(rows)
         start = 0
@@ -50,8 +56,19 @@ class Experts(nn.Module):
         return torch.zeros_like(x).index_add_(0, token_of, outputs)
 
     def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        if self.int8 is not None:
+            gate_up_int8, down_int8 = self.int8[expert]
+            gate, up = gate_up_int8.matmul(x).split(self.intermediate_size, dim=-1)
+            return down_int8.matmul(self.act(gate) * up)
         gate, up = F.linear(x, self.gate_up_proj[expert]).split(self.intermediate_size, dim=-1)
         return F.linear(self.act(gate) * up, self.down_proj[expert])
+
+    def quantize(self, row_independent: bool) -> None:
+        """Hold every expert's weights as int8 and free the float stacks."""
+        gate_up = Int8Weight.quantize(self.gate_up_proj, row_independent)
+        down = Int8Weight.quantize(self.down_proj, row_independent)
+        self.int8 = [(gate_up.select(e), down.select(e)) for e in range(self.num_experts)]
+        self.gate_up_proj = self.down_proj = None  # type: ignore[assignment]
 
 
 class SparseMoeBlock(nn.Module):

@@ -1,0 +1,108 @@
+"""A weight held as int8 with one float32 scale per output channel, and its matmul.
+
+The multiply is torch's own weight-only int8 kernel, ``aten._weight_int8pack_mm(x,
+w_int8 [N, K], scales [N])`` (gpt-fast's), with three things measured or read in its
+source (torch 2.13, ``aten/src/ATen/native/cpu/int8mm_kernel.cpp``) deciding how it is
+called:
+
+* **bf16 activations.** On x86 the kernel is vectorised (AVX2, AVX512) for bf16 inputs
+  only; float32 and float16 take a scalar loop, 5-60x slower than float32 oneDNN on the
+  AVX2 EPYC. So rows are rounded to bf16 on the way in (relative error 2^-9, a tenth of
+  the int8 weight's own ~1 % RMS) and the kernel sums them in float32. The scales it is
+  given are ones: the float32 scales multiply its bf16 output after, so no channel's gain
+  is rounded to bf16.
+* **Few rows.** It computes 4x4 output blocks and streams the weight once per 4 rows: at
+  one row it reads a quarter of float32's bytes, which is what decode waits on, but past
+  ``KERNEL_MAX_ROWS`` rows (prefill chunks, large batches) MKL's GEMM on a dequantised
+  copy is faster. That copy is made in float32, a block of output channels at a time so
+  it stays in cache, and MKL keeps nothing per shape (oneDNN would: ``linear.py``).
+* **No tail in K.** It reads K in steps of 16 values (8 with AVX2) with aligned loads and
+  no remainder loop (a K of 12 crashes the process), so ``can_quantize`` refuses other
+  widths and rows reach it in freshly aligned memory.
+
+Each output element is one float32 dot product summed in the same order whatever the row
+count (rows only share weight loads), so with ``row_independent`` every matmul takes the
+kernel at any row count: a row's result does not depend on its batch (``--batch-invariant``,
+checked by ``tests/.../test_quantization.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+KERNEL_MAX_ROWS = 8  # above this many rows, dequantise and use the dense GEMM (measured)
+K_MULTIPLE = 16  # input widths the kernel takes: it has no loop for a remainder
+INT8_MAX = 127  # symmetric: -127..127, so a weight and its negation round alike
+_DEQUANT_BLOCK = 1 << 20  # weight elements dequantised at a time (4 MiB of float32)
+_QUANTIZE_ROWS = 4096  # rows quantised at a time: bounds the float32 scratch at load
+_ALIGN = 64  # bytes; the kernel's aligned loads need 32 (AVX512) of a row's start
+
+
+def can_quantize(weight: torch.Tensor) -> bool:
+    """Whether the kernel takes this [..., N, K] weight (K a multiple of ``K_MULTIPLE``)."""
+    return weight.shape[-1] % K_MULTIPLE == 0
+
+
+class Int8Weight:
+    """``qweight`` int8 [..., N, K] and ``scales`` float32 [..., N]: the weight is
+    ``qweight * scales[..., None]`` (a stack of them for experts: ``select``)."""
+
+    __slots__ = ("_ones", "qweight", "row_independent", "scales")
+
+    def __init__(
+        self, qweight: torch.Tensor, scales: torch.Tensor, row_independent: bool = False
+    ) -> None:
+        self.qweight = qweight
+        self.scales = scales
+        self.row_independent = row_independent  # every row count takes the kernel
+        self._ones = torch.ones(scales.shape[-1], dtype=torch.bfloat16, device=scales.device)
+
+    @classmethod
+    @torch.no_grad()
+    def quantize(cls, weight: torch.Tensor, row_independent: bool = False) -> Int8Weight:
+        """Symmetric per-output-channel int8 of ``weight`` [..., N, K]: each row's scale is
+        its largest magnitude / 127, values round to the nearest step."""
+        rows = weight.detach().reshape(-1, weight.shape[-1])
+        qweight = torch.empty(rows.shape, dtype=torch.int8, device=weight.device)
+        scales = torch.empty(rows.shape[0], dtype=torch.float32, device=weight.device)
+        for start in range(0, rows.shape[0], _QUANTIZE_ROWS):
+            block = rows[start : start + _QUANTIZE_ROWS].float()
+            scale = block.abs().amax(dim=-1).clamp(min=torch.finfo(torch.float32).tiny)
+            scale /= INT8_MAX
+            quantized = torch.round(block / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX)
+            qweight[start : start + _QUANTIZE_ROWS] = quantized.to(torch.int8)
+            scales[start : start + len(block)] = scale
+        return cls(
+            qweight.reshape(weight.shape), scales.reshape(weight.shape[:-1]), row_independent
+        )
+
+    def select(self, index: int) -> Int8Weight:
+        """Weight ``index`` of a stack (one expert's), sharing its storage."""
+        return Int8Weight(self.qweight[index], self.scales[index], self.row_independent)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight this stands for, in ``dtype`` (computed in float32)."""
+        return (self.qweight.float() * self.scales[..., None]).to(dtype)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ weight.T (+ bias)`` for rows ``x`` [M, K], in ``x``'s dtype."""
+        if self.row_independent or x.shape[0] <= KERNEL_MAX_ROWS:
+            out = self._kernel(x)
+        else:
+            out = self._dense(x)
+        return out if bias is None else out + bias
+
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.to(torch.bfloat16).contiguous()
+        if rows.data_ptr() % _ALIGN:  # a view that starts mid-allocation
+            rows = rows.clone()
+        raw = torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self._ones)
+        return (raw * self.scales).to(x.dtype)
+
+    def _dense(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.float()
+        step = max(1, _DEQUANT_BLOCK // self.qweight.shape[-1])
+        parts = [F.linear(rows, block.float()) for block in self.qweight.split(step)]
+        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        return (out * self.scales).to(x.dtype)

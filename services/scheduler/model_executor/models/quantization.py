@@ -1,0 +1,125 @@
+"""``--quantization``: which weights of a loaded native model become int8, and where the
+option is refused.
+
+``int8`` quantizes every linear projection (q/k/v/o, gate/up/down, fused or not), MoE
+experts and the LM head, per output channel (``int8_weight.py``); norms, biases and MoE
+routers stay as loaded. A tied embedding is then looked up from the LM head's int8 table:
+the head's output channels are the vocabulary rows, so the embedding and the head stay one
+table, the same numbers, and the dense copy is freed. An untied embedding is left exact
+(a lookup reads a few rows, so int8 would save memory but no time). docs/quantization.md
+has the measurements behind these choices.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
+from services.scheduler.model_executor.models.int8_weight import Int8Weight, can_quantize
+from services.scheduler.model_executor.models.linear import Linear
+from services.scheduler.model_executor.models.moe import Experts, SparseMoeBlock
+
+Quantization = Literal["none", "int8"]
+QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8")
+
+
+class QuantizationError(ValueError):
+    """A ``--quantization`` this configuration cannot serve; the message is one line."""
+
+
+def check_quantization(quantization: str, device: torch.device, model_path: str) -> None:
+    """Refuse, in one line and before any weight is read, what int8 cannot serve:
+    another device than the CPU (the kernel path is built and tested there only) and the
+    transformers model path (its own linear layers are not ours to quantize)."""
+    if quantization not in QUANTIZATIONS:
+        raise QuantizationError(f"unknown --quantization {quantization!r}; choose {QUANTIZATIONS}")
+    if quantization == "none":
+        return
+    if device.type != "cpu":
+        raise QuantizationError(
+            f"--quantization {quantization} runs on the CPU only (torch's "
+            f"_weight_int8pack_mm with bf16 activations); not on {device.type}"
+        )
+    if model_path != "native":
+        raise QuantizationError(
+            f"--quantization {quantization} needs a native model (--model-impl native): "
+            "the transformers path runs transformers' own linear layers"
+        )
+
+
+class QuantizedEmbedding(nn.Module):
+    """A tied embedding read from the LM head's int8 table: row ``i`` is
+    ``qweight[i] * scales[i]``, the very row the head scores hidden states against."""
+
+    def __init__(self, table: Int8Weight, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.table = table
+        self.dtype = dtype
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        rows = self.table.qweight[input_ids].float() * self.table.scales[input_ids, None]
+        return rows.to(self.dtype)
+
+
+def quantize_model(
+    model: NativeCausalLM, batch_invariant: bool = False, lm_head: bool = True
+) -> str:
+    """Quantize ``model``'s weights to int8 in place, freeing the dense ones (see the
+    module docstring); ``lm_head`` False keeps the head (and a tied embedding) exact.
+    With ``batch_invariant`` each matmul's rows are independent of their batch
+    (``int8_weight.py``). Returns a line for the start-up log."""
+    routers = {id(m.gate) for m in model.modules() if isinstance(m, SparseMoeBlock)}
+    kept: list[str] = []
+    count = 0
+    for name, module in list(model.named_modules()):  # the embedding may be replaced
+        if isinstance(module, Linear):
+            if id(module) in routers or (module is model.lm_head and not lm_head):
+                continue
+            if not can_quantize(module.weight):
+                kept.append(name)
+                continue
+            table = module.quantize(batch_invariant)
+            count += 1
+            if module is model.lm_head and model.config.tie_word_embeddings:
+                # Same lookup contract as nn.Embedding (ids -> rows in the model's dtype).
+                model.model.embed_tokens = QuantizedEmbedding(  # type: ignore[assignment]
+                    table, model.model.norm.weight.dtype
+                )
+        elif isinstance(module, Experts):
+            if can_quantize(module.gate_up_proj) and can_quantize(module.down_proj):
+                module.quantize(batch_invariant)
+                count += 1
+            else:
+                kept.append(name)
+    return _summary(count, kept, lm_head)
+
+
+@torch.no_grad()
+def dequantize_model(model: NativeCausalLM) -> None:
+    """Give a quantized ``model`` back dense weights equal to its int8 ones dequantised:
+    the reference its kernels are measured against (tests, ``bench/quantization.py``),
+    whose only difference from the int8 model is how each matmul is computed."""
+    dtype = model.model.norm.weight.dtype
+    for module in model.modules():
+        if isinstance(module, Linear) and module.quantized is not None:
+            module.weight = nn.Parameter(module.quantized.dequantize(dtype), requires_grad=False)
+            module.quantized = None
+        elif isinstance(module, Experts) and module.int8 is not None:
+            for i, stack in enumerate(("gate_up_proj", "down_proj")):
+                dense = torch.stack([pair[i].dequantize(dtype) for pair in module.int8])
+                setattr(module, stack, nn.Parameter(dense, requires_grad=False))
+            module.int8 = None
+    embedding = model.model.embed_tokens
+    if isinstance(embedding, QuantizedEmbedding):
+        model.model.embed_tokens = nn.Embedding.from_pretrained(embedding.table.dequantize(dtype))
+        model.tie_weights()
+
+
+def _summary(count: int, kept: list[str], lm_head: bool) -> str:
+    line = f"int8 weights: {count} projections" + (", LM head included" if lm_head else "")
+    if kept:
+        line += f"; {len(kept)} kept in full precision (input width not a multiple of 16)"
+    return line

@@ -1,0 +1,183 @@
+"""``--quantization int8``: an int8 linear computes its dequantised weight's product within
+the rounding its bf16 kernel allows, bit-identically for a row alone and in any batch when
+batch-invariant; a quantized checkpoint (fused projections, experts, tied head) stays
+closer to its dequantised reference than serving that reference in bf16 does; the flag
+is refused in one line where it cannot run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.scheduler.__main__ import parse_args, resolve_or_exit
+from services.scheduler.model_executor.forward_batch import ForwardBatch
+from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
+from services.scheduler.model_executor.models.int8_weight import KERNEL_MAX_ROWS, Int8Weight
+from services.scheduler.model_executor.models.linear import Linear
+from services.scheduler.model_executor.models.loader import load_model, load_native
+from services.scheduler.model_executor.models.quantization import (
+    QuantizedEmbedding,
+    dequantize_model,
+    quantize_model,
+)
+from tests.checkpoints import build_hf_model, save_checkpoint
+from tests.scheduler.factories import make_req, make_scheduler, run_to_completion
+from tests.scheduler.parity import new_pool
+
+# Unit roundoffs: the kernel rounds rows and its output to bf16 and sums in float32.
+BF16_U = torch.finfo(torch.bfloat16).eps / 2
+FP32_U = torch.finfo(torch.float32).eps / 2
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def error_bound(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A rigorous first-order bound on |int8 linear - exact product| per output: rounding
+    the rows to bf16 (u), the float32 sum of K terms (K u32), the bf16 output (u) and the
+    cast to the layer's dtype (at most u again), each relative to sum_k |x_k w_k| (+ |b|)."""
+    magnitude = x.double().abs() @ weight.double().abs().T
+    if bias is not None:
+        magnitude += bias.double().abs()
+    return (3 * BF16_U + x.shape[1] * FP32_U) * magnitude
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows", [1, 5, KERNEL_MAX_ROWS, 40], ids=lambda n: f"{n}rows")
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_int8_linear_is_its_dequantised_weights_product(
+    dtype: torch.dtype, rows: int, bias: bool
+) -> None:
+    """Up to KERNEL_MAX_ROWS rows take the int8 kernel, more the dense GEMM on the
+    dequantised weight."""
+    torch.manual_seed(rows)
+    layer = Linear(96, 80, bias=bias, dtype=dtype)
+    x = torch.randn(2 * rows, 96, dtype=dtype)[::2]  # not contiguous
+    table = layer.quantize(row_independent=False)
+    assert layer.weight is None and table.qweight.dtype == torch.int8
+    dense = table.dequantize(torch.float64)
+    expected = x.double() @ dense.T + (layer.bias.double() if bias else 0)
+    got = layer(x)
+    assert got.dtype == dtype and got.shape == (rows, 80)
+    error = (got.double() - expected).abs()
+    assert (error <= error_bound(x, dense, layer.bias)).all(), float(error.max())
+
+
+def test_quantizing_rounds_each_weight_to_the_nearest_step_of_its_row() -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(3, 8, 32) * torch.tensor([1e-3, 1.0, 50.0])[:, None, None]
+    weight[0, 0] = 0.0  # an all-zero row
+    table = Int8Weight.quantize(weight)
+    assert table.qweight.shape == weight.shape and table.scales.shape == (3, 8)
+    assert int(table.qweight.abs().max()) == 127
+    step = table.scales[..., None]
+    assert ((table.dequantize() - weight).abs() <= step / 2 * (1 + 1e-6)).all()
+    assert not table.dequantize()[0, 0].any()
+    torch.testing.assert_close(table.select(2).dequantize(), table.dequantize()[2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_row_is_the_same_bits_alone_and_in_any_batch_when_batch_invariant(
+    dtype: torch.dtype,
+) -> None:
+    torch.manual_seed(3)
+    layer = Linear(64, 48, dtype=dtype)
+    layer.quantize(row_independent=True)
+    rows = torch.randn(70, 64, dtype=dtype)
+    alone = layer(rows[:1])
+    for size in (3, 17, 70):
+        assert torch.equal(layer(rows[:size])[:1], alone)
+        assert torch.equal(layer(torch.cat([rows[1:size], rows[:1]]))[-1:], alone)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(
+    tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path
+) -> dict[str, Path]:
+    """Tiny random checkpoints: fused q/k/v and gate/up, q/k norms, a tied head; experts
+    beside a dense layer in the MoE one."""
+    return {
+        name: save_checkpoint(
+            build_hf_model(name), tmp_path_factory.mktemp(name), default_model_dir
+        )
+        for name in ("qwen3", "qwen3_moe")
+    }
+
+
+def all_logits(model: NativeCausalLM, ids: list[int], decode: int) -> torch.Tensor:
+    """float32 logits of every position: ``ids[:-decode]`` in one prefill (many rows, the
+    dense path), then one decode step per remaining token (the int8 kernel)."""
+    dtype = model.model.norm.weight.dtype
+    pool = new_pool(model.config, len(ids), dtype)
+    slots = pool.allocate(len(ids))
+    cut = len(ids) - decode
+    out = [model(ForwardBatch.build([ids[:cut]], [0], [slots[:cut]]), pool, all_logits=True)]
+    for pos in range(cut, len(ids)):
+        batch = ForwardBatch.build([[ids[pos]]], [pos], [slots[: pos + 1]])
+        out.append(model(batch, pool))
+    return torch.cat(out)
+
+
+def dequantized_reference(checkpoint: Path, dtype: torch.dtype) -> NativeCausalLM:
+    """The checkpoint's int8 weights dequantised into a dense model, run in ``dtype``."""
+    model, _ = load_native(checkpoint, torch.float32, torch.device("cpu"))
+    quantize_model(model)
+    dequantize_model(model)
+    return model.to(dtype).eval()
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
+def test_a_quantized_checkpoint_stays_closer_to_its_reference_than_bf16_does(
+    checkpoints: dict[str, Path], name: str
+) -> None:
+    """The int8 model's logits differ from its dequantised float32 reference (the same
+    weights, dense) by less than serving that reference in bf16 moves them: the kernels'
+    rounding is a bf16 row and a bf16 output per matmul, bf16 serving rounds far more."""
+    checkpoint = checkpoints[name]
+    model, config = load_model(checkpoint, torch.float32, "cpu", quantization="int8")
+    assert isinstance(model, NativeCausalLM) and config.tie_word_embeddings
+    assert isinstance(model.model.embed_tokens, QuantizedEmbedding)  # tied: one int8 table
+    assert all(m.weight is None for m in model.modules() if isinstance(m, Linear) and m.quantized)
+    ids = [0, *range(1000, 1024)]  # 21 prefill rows, then 4 decode steps
+    want = all_logits(dequantized_reference(checkpoint, torch.float32), ids, decode=4)
+    int8_error = (all_logits(model, ids, decode=4) - want).abs().mean(dim=-1)
+    in_bf16 = all_logits(dequantized_reference(checkpoint, torch.bfloat16), ids, decode=4)
+    bf16_error = (in_bf16 - want).abs().mean(dim=-1)
+    assert (int8_error < bf16_error).all(), (int8_error, bf16_error)
+
+
+def test_greedy_through_the_scheduler_is_the_same_alone_and_batched(
+    checkpoints: dict[str, Path],
+) -> None:
+    """--batch-invariant with int8, on the MoE checkpoint (each expert's row count moves
+    with the batch): each request's tokens are those it gets alone."""
+    checkpoint = checkpoints["qwen3_moe"]
+    load: dict[str, str | bool] = {"quantization": "int8", "batch_invariant": True}
+    prompts = {"a": [0, *range(500, 503)], "b": [0, *range(900, 920)], "c": [0, 77, 78]}
+
+    def run(rids: list[str]) -> dict[str, list[int]]:
+        scheduler = make_scheduler(checkpoint, kv_tokens=512, load=load)
+        reqs = [make_req(r, prompts[r], temperature=0.0, max_new_tokens=5) for r in rids]
+        return run_to_completion(scheduler, {0: reqs})
+
+    together = run(sorted(prompts))
+    for rid in prompts:
+        assert run([rid]) == {rid: together[rid]}
+
+
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [
+        (["--device", "cuda"], "--quantization int8 runs on the CPU only"),
+        (["--model-impl", "transformers"], "--quantization int8 needs a native model"),
+    ],
+    ids=["cuda", "transformers"],
+)
+def test_the_flag_is_refused_in_one_line_where_it_cannot_run(
+    default_model_dir: Path, flags: list[str], refusal: str
+) -> None:
+    config = parse_args(["--model", str(default_model_dir), "--quantization", "int8", *flags])
+    with pytest.raises(SystemExit) as info:
+        resolve_or_exit(config)
+    message = str(info.value.code)
+    assert message.startswith(f"tokenline-scheduler: {refusal}") and "\n" not in message
