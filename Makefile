@@ -79,6 +79,7 @@ $(SMALL_MODEL_DIR)/config.json: | $(STAMP)
 	$(PY) -m services.common.default_model --shape small --out $(SMALL_MODEL_DIR)
 
 model-small: setup $(SMALL_MODEL_DIR)/config.json
+	-$(PY) -m services.scheduler.ops.cpu_kernels --model $(SMALL_MODEL_DIR)
 
 model-qwen3: setup
 	$(PY) -m bench.checkpoints --shape qwen3-0.6b --out $(QWEN3_MODEL_DIR)
