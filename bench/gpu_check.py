@@ -145,21 +145,26 @@ def backend_status(device: str) -> dict[str, str]:
     return status
 
 
+def _throughput_args(args: argparse.Namespace, backend: str) -> BenchArgs:
+    """The engine benchmark's settings for the throughput and overlap rows."""
+    return _bench_args(
+        args.model,
+        args.device,
+        AUTO,
+        args.concurrency,
+        args.temperatures,
+        backend,
+        args.output_len,
+    )
+
+
 def throughput(args: argparse.Namespace, backends: dict[str, str]) -> list[dict[str, Any]]:
     rows = []
     for backend, state in backends.items():
         if state != "ok":
             continue
         print(f"-- attention backend {backend}", flush=True)
-        bench = _bench_args(
-            args.model,
-            args.device,
-            AUTO,
-            args.concurrency,
-            args.temperatures,
-            backend,
-            args.output_len,
-        )
+        bench = _throughput_args(args, backend)
         scheduler = build(bench)
         rows += [
             asdict(r) | {"attention_backend": backend} for r in measure_throughput(scheduler, bench)
@@ -172,15 +177,7 @@ def throughput(args: argparse.Namespace, backends: dict[str, str]) -> list[dict[
 
 def overlap(args: argparse.Namespace) -> list[dict[str, Any]]:
     print("-- overlap scheduling (torch attention)", flush=True)
-    bench = _bench_args(
-        args.model,
-        args.device,
-        AUTO,
-        args.concurrency,
-        args.temperatures,
-        "torch",
-        args.output_len,
-    )
+    bench = _throughput_args(args, "torch")
     return [asdict(r) for r in measure_overlap(build(bench), bench)]
 
 

@@ -95,13 +95,20 @@ def test_the_last_tokens_kv_is_a_row_of_the_next_step(scheduler: Scheduler) -> N
     assert scheduler.kv.tree.num_locked == len(full(t1))
 
 
-def test_a_continuation_sent_before_its_parents_last_token_is_computed_waits_for_it(
-    scheduler: Scheduler,
-) -> None:
+def finish_first_turn(scheduler: Scheduler) -> Req:
+    """Session "s"'s first turn, stepped until it has finished (its last token's K/V is
+    still to be computed then: a planned row of the next step)."""
     t1 = turn("t1", ids(1, 9), SessionParams("s"))
     scheduler.add_request(t1)
     while t1.finish is None:
         scheduler.step()
+    return t1
+
+
+def test_a_continuation_sent_before_its_parents_last_token_is_computed_waits_for_it(
+    scheduler: Scheduler,
+) -> None:
+    t1 = finish_first_turn(scheduler)
     assert scheduler.has_work  # the last token's K/V is still to be computed
     t2 = turn("t2", ids(2, 4), SessionParams("s", rid="t1"))
     run(scheduler, t2)
@@ -111,10 +118,7 @@ def test_a_continuation_sent_before_its_parents_last_token_is_computed_waits_for
 def test_a_session_closed_before_the_last_token_is_computed_pins_nothing(
     scheduler: Scheduler,
 ) -> None:
-    t1 = turn("t1", ids(1, 9), SessionParams("s"))
-    scheduler.add_request(t1)
-    while t1.finish is None:
-        scheduler.step()
+    finish_first_turn(scheduler)
     scheduler.close_session("s")
     run_to_completion(scheduler)
     assert_kv_returns_to_pool(scheduler)
