@@ -77,7 +77,9 @@ def test_a_second_turn_prefills_only_its_new_tokens(http: httpx.Client, stack: L
     t1 = ok(generate(http, {"id": sid}, input_ids=prompt))
     assert t1["meta_info"]["prompt_tokens"] == len(prompt)
     turn1 = prompt + t1["output_ids"]
-    assert pinned(stack) == len(turn1)  # the whole of turn 1, its last token included
+    # The whole of turn 1, its last token included. That token's K/V is computed as a
+    # planned row of the engine's next step, after turn 1's reply went out: wait for it.
+    wait_until(lambda: pinned(stack) == len(turn1), 30.0, "turn 1 pinned", 0.05)
     new_ids = ids(2, 5)
     # The continuation's leading BOS is dropped: it does not start the text.
     t2 = ok(generate(http, {"id": sid, "rid": t1["meta_info"]["id"]}, input_ids=[0, *new_ids]))
