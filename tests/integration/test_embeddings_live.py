@@ -3,11 +3,8 @@ official openai client and over gRPC: vectors equal HF's pooled hidden states, e
 rows share steps with chat decodes and leave the chat answers as they were alone, and
 every bad input is a 400 naming its field.
 
-The shared stack's scheduler runs in the dtype ``--dtype auto`` picks: float32 on a CPU
-without native bf16 (this one, AMD EPYC Zen 3), where the vectors are compared with HF's
-float32 ones to 1e-4. On a CPU that computes bf16 natively the model runs in bf16 and only
-the batch checks hold; the float32 comparison runs on the pooling stack
-(test_embeddings_pooling_runner.py), which pins --dtype float32.
+The shared stack's scheduler runs in float32 on every CPU (tests/live_stack.py), so the
+vectors are compared with HF's float32 ones to 1e-4 wherever the suite runs.
 """
 
 from __future__ import annotations
@@ -43,10 +40,6 @@ def reference(default_model_dir: Path) -> PreTrainedModel:
 def encode(default_model_dir: Path) -> Callable[[str], list[int]]:
     tokenizer = load_tokenizer(default_model_dir)
     return lambda text: list(tokenizer.encode(text))  # BOS added, as the frontend does
-
-
-def served_dtype(stack: LocalStack) -> str:
-    return str(httpx.get(f"{stack.base_url}/models", timeout=10).json()["data"][0]["dtype"])
 
 
 def chat(client: openai.OpenAI, model: str, prompt: str) -> str:
@@ -93,10 +86,9 @@ def test_vectors_equal_hf_beside_chat_decodes(
             assert abs(sum(v * v for v in data.embedding) - 1.0) < 1e-4
     # Text and its token ids are the same prompt: the same vector.
     assert max_error(lists[0].data[0].embedding, lists[3].data[0].embedding) < ATOL
-    if served_dtype(stack) == "float32":
-        for got, inputs in zip(lists, expected_inputs, strict=True):
-            for data, want_ids in zip(got.data, inputs, strict=True):
-                assert max_error(data.embedding, pooled(reference, want_ids, "last")) < ATOL
+    for got, inputs in zip(lists, expected_inputs, strict=True):
+        for data, want_ids in zip(got.data, inputs, strict=True):
+            assert max_error(data.embedding, pooled(reference, want_ids, "last")) < ATOL
 
 
 def test_base64_is_little_endian_float32_of_the_float_vector(

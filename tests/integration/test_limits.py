@@ -1,13 +1,18 @@
 """Limits on a small stack: the scheduler reports the context it enforces (here capped by
-a small KV pool) and the frontend refuses at the entry exactly what it could not serve; a
-request the detokenizer has no room for (one decode state here) ends with an ``abort``
-finish that says why, not a 500."""
+a small KV pool) and the dtype ``--dtype auto`` picks on this CPU; the frontend refuses at
+the entry exactly what it could not serve; a request the detokenizer has no room for (one
+decode state here) ends with an ``abort`` finish that says why, not a 500."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
+import torch
 
 from services.launch import LocalStack
+from services.scheduler.model_executor.models.config import ModelConfig
+from services.scheduler.model_executor.models.dtype import AUTO, choose_dtype
 from tests.live_stack import module_stack
 
 KV_TOKENS = 512  # far below the model's 4096 positions: the pool is the limit
@@ -70,3 +75,17 @@ def test_a_request_the_detokenizer_refuses_finishes_with_abort_and_its_reason(
         choice = second.json()["choices"][0]
         assert choice["finish_reason"] == "abort"
         assert "--max-decode-states" in choice["stop_reason"]
+
+
+def test_the_card_reports_the_dtype_auto_picks_on_this_cpu(
+    stack: LocalStack, default_model_dir: Path
+) -> None:
+    """bf16 where the CPU computes it natively (AVX512_BF16 or AMX), else float32; the
+    scheduler's GetInfo and the model card say the same."""
+    checkpoint = ModelConfig.from_dir(default_model_dir).dtype
+    expected = choose_dtype(AUTO, checkpoint, torch.device("cpu")).name
+    assert stack.scheduler_info().dtype == expected
+    card = httpx.get(f"{stack.base_url}/models", timeout=10).json()["data"][0]
+    assert card["dtype"] == expected
+    reply = completion(stack, "The sea", max_tokens=4, ignore_eos=True)
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
