@@ -1,4 +1,4 @@
-"""bench.soak at a tiny scale (8 loops for 5 s) so the soak's code cannot rot, plus its
+"""bench.soak at a tiny scale (8 loops for 2 s) so the soak's code cannot rot, plus its
 client's response checks and request mix (bench/soak_client.py) on their own."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_tiny_soak_counts_every_request_and_leaves_nothing_live(
 ) -> None:
     out = tmp_path / "soak.json"
     code = soak.main(
-        ["--concurrency", "8", "--duration-s", "5", "--warmup-s", "1"]
+        ["--concurrency", "8", "--duration-s", "2", "--warmup-s", "0.5"]
         + ["--cancel-fraction", "0.5", "--model-dir", str(default_model_dir), "--out", str(out)]
     )
     report = json.loads(out.read_text())
@@ -65,7 +65,7 @@ def test_tiny_soak_counts_every_request_and_leaves_nothing_live(
     assert set(report["rss"]) == set(soak.RSS_TRACKED)  # the engine process included
     assert all(r["warm_mib"] > 0 and r["end_mib"] > 0 for r in report["rss"].values())
     assert len(report["rss_timeline"]) >= 2
-    # RSS growth is not asserted: 5 s are all warm-up. The verdict must match the criteria.
+    # RSS growth is not asserted: 2 s are all warm-up. The verdict must match the criteria.
     assert report["passed"] == all(report["criteria"].values())
     assert code == (0 if report["passed"] else 1)
 
