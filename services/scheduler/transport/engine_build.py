@@ -31,6 +31,7 @@ from services.scheduler.ops.cpu_kernels import (
 )
 from services.scheduler.ops.cpu_kernels import build as build_kernels
 from services.scheduler.ops.isa_levels import machine_level
+from services.scheduler.transport.heap import keep_heap
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class SchedulerProcessConfig:
     context_length: int
     disable_prefix_cache: bool
     num_threads: int
+    heap_tuning: bool
     stream_interval: int
     overlap_schedule: bool
     runner: Runner
@@ -76,6 +78,8 @@ def build_scheduler(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     device = torch.device(config.device)
+    if config.heap_tuning and device.type == "cpu":
+        keep_heap()
     if config.build_kernels and device.type == "cpu":
         build_kernels_if_missing(config.model, config.kernels_dir)
     kernels = load_kernels(config.model, device, config.kernels_dir)
