@@ -92,13 +92,20 @@ def test_replay_of_a_response_not_made_in_the_background_is_a_400_naming_stream(
     assert body["param"] == "stream" and stored.id in body["message"]
 
 
-@pytest.mark.parametrize("starting_after", ["100000", "-1", "abc"])
-def test_a_bad_starting_after_is_a_400_naming_it(
-    client: openai.OpenAI, model_id: str, stack: LocalStack, starting_after: str
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [({"stream": "true", "starting_after": "100000"}, "starting_after"),  # past its last
+     ({"stream": "true", "starting_after": "-1"}, "starting_after"),
+     ({"stream": "true", "starting_after": "abc"}, "starting_after"),
+     ({"starting_after": "0"}, "starting_after"),  # without stream
+     ({"stream": "yes"}, "stream"),
+     ({"stream": "true", "include_obfuscation": "true"}, "include_obfuscation")],
+)  # fmt: skip
+def test_a_bad_replay_parameter_is_a_400_naming_it(
+    client: openai.OpenAI, model_id: str, stack: LocalStack, query: dict[str, str], param: str
 ) -> None:
     events = list(_background_stream(client, model_id, 13, max_output_tokens=2))
     url = f"{stack.base_url}/responses/{events[0].response.id}"
-    query = {"stream": "true", "starting_after": starting_after}
     answer = httpx.get(url, params=query, headers={"Authorization": "Bearer unused"}, timeout=30)
     assert answer.status_code == 400
-    assert answer.json()["error"]["param"] == "starting_after"
+    assert answer.json()["error"]["param"] == param
