@@ -1,6 +1,6 @@
-"""OpenAI's Responses API: create, retrieve, list input items, delete and cancel, each onto
-its frontend RPC (ResponsesCreate[Stream], ResponsesGet, ResponsesInputItems,
-ResponsesDelete, ResponsesCancel)."""
+"""OpenAI's Responses API: create, retrieve (or stream a background response again), list
+input items, delete and cancel, each onto its frontend RPC (ResponsesCreate[Stream],
+ResponsesGet[Stream], ResponsesInputItems, ResponsesDelete, ResponsesCancel)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from gateway.responses_api.bodies import (
 from gateway.responses_api.convert import responses_request_to_proto
 from gateway.responses_api.render import ResponseFrames, item_list_to_dict, response_to_dict
 from gateway.responses_api.schemas import ResponsesBody
-from gateway.sse import respond
+from gateway.sse import respond, stream_response
 
 router = APIRouter(tags=["openai"])
 
@@ -58,17 +58,75 @@ async def create_response(body: ResponsesBody, request: Request) -> Response:
     )
 
 
+_REPLAY_NOTE = (
+    " With `stream=true` (a `background` response only): its events as the create's stream "
+    "sent them, those after `starting_after` (all without it), then live until its last."
+)
+
+
 @router.get(
     "/v1/responses/{response_id}",
     response_model=None,
-    responses=responses(ResponseObject, "The stored response.", (404, *READ_ERRORS)),
+    responses=responses(
+        ResponseObject, "The stored response." + _REPLAY_NOTE, (400, 404, *READ_ERRORS)
+    ),
 )
-async def retrieve_response(response_id: str, request: Request) -> dict[str, Any]:
-    """A response stored by this frontend; 404 naming the id when unknown or expired."""
+async def retrieve_response(
+    response_id: str,
+    request: Request,
+    stream: Annotated[
+        str | None, Query(description="true: the events of a background response")
+    ] = None,
+    starting_after: Annotated[
+        str | None, Query(description="with stream: replay the events after this number")
+    ] = None,
+    include_obfuscation: Annotated[
+        str | None, Query(description="false only: no obfuscation field is written")
+    ] = None,
+) -> Response | dict[str, Any]:
+    """A response stored by this frontend; 404 naming the id when unknown or expired. With
+    ``stream=true``, a background response's events again (ResponsesGetStream)."""
+    _check_query(request, {"stream", "starting_after", "include_obfuscation"})
     client: FrontendClient = request.state.frontend
+    options = client.options(request.state.request_id)
+    _flag("include_obfuscation", include_obfuscation)
+    if _flag("stream", stream):
+        replay = responses_pb2.ResponsesGetStreamRequest(response_id=response_id)
+        if starting_after is not None:
+            replay.starting_after = _sequence_number(starting_after)
+        keepalive_s = request.state.config.sse_keepalive_s
+        call = client.stub.ResponsesGetStream(replay, **options)
+        return await stream_response(request, call, ResponseFrames(), keepalive_s)
+    if starting_after is not None:
+        raise GatewayError(400, "starting_after: only with stream=true", param="starting_after")
     proto = responses_pb2.ResponsesGetRequest(response_id=response_id)
-    call = client.stub.ResponsesGet(proto, **client.options(request.state.request_id))
+    call = client.stub.ResponsesGet(proto, **options)
     return response_to_dict(await until_disconnected(request, call, call))
+
+
+def _flag(name: str, value: str | None) -> bool:
+    """A boolean query parameter as the SDK writes it; ``include_obfuscation=true`` is
+    refused (this server writes no obfuscation padding)."""
+    if value is None:
+        return False
+    if value not in ("true", "false") or (name == "include_obfuscation" and value == "true"):
+        allowed = '"false"' if name == "include_obfuscation" else '"true" or "false"'
+        raise GatewayError(400, f"{name}: must be {allowed}, got {value!r}", param=name)
+    return value == "true"
+
+
+def _sequence_number(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if not 0 <= number < 2**31:
+        raise GatewayError(
+            400,
+            f"starting_after: must be an event's sequence number (0 or more), got {value!r}",
+            param="starting_after",
+        )
+    return number
 
 
 @router.get(

@@ -111,6 +111,11 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
         return self.responses.get(request.response_id)
 
     @grpc_errors
+    async def ResponsesGetStream(self, request, context):  # noqa: N802
+        async for event in _closing_on_done(context, self.responses.replay(request)):
+            yield event
+
+    @grpc_errors
     async def ResponsesInputItems(self, request, context):  # noqa: N802
         return self.responses.input_items(request)
 

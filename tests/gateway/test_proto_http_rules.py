@@ -23,6 +23,7 @@ EXPECTED_RULES: dict[str, tuple[str, str, str]] = {
     "ResponsesCreate": ("post", "/tokenline.v1/responses", "*"),
     "ResponsesCreateStream": ("post", "/tokenline.v1/responses:stream", "*"),
     "ResponsesGet": ("get", "/tokenline.v1/responses/{response_id}", ""),
+    "ResponsesGetStream": ("get", "/tokenline.v1/responses/{response_id}:stream", ""),
     "ResponsesInputItems": ("get", "/tokenline.v1/responses/{response_id}/input_items", ""),
     "ResponsesDelete": ("delete", "/tokenline.v1/responses/{response_id}", ""),
     "ResponsesCancel": ("post", "/tokenline.v1/responses/{response_id}:cancel", "*"),

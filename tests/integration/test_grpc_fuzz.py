@@ -225,6 +225,7 @@ RPCS: dict[str, Any] = {
     "ResponsesInputItems": responses_pb2.ResponsesInputItemsRequest,
     "ResponsesDelete": responses_pb2.ResponsesDeleteRequest,
     "ResponsesCancel": responses_pb2.ResponsesCancelRequest,
+    "ResponsesGetStream": responses_pb2.ResponsesGetStreamRequest,
 }
 # 25 examples an RPC: about two minutes for the module on two shared cores.
 _FUZZ = settings(

@@ -4,7 +4,8 @@ for ``ttl_s`` seconds. Per frontend: another frontend's responses are unknown he
 
 An entry of a background response still running holds how to ``stop`` that run: dropping
 the entry (for room, for age, or by ResponsesDelete) stops it, so no run outlives the
-entry a client could poll or cancel it through."""
+entry a client could poll or cancel it through. A background response's entry also holds
+its event log (``response_event_log.py``) for ResponsesGetStream, forgotten with it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from tokenline.v1 import openai_pb2, responses_pb2
 
 from services.common.errors import NotFoundError
+from services.frontend.serving.response_event_log import ResponseEventLog
 
 DEFAULT_CAPACITY = 1024
 DEFAULT_TTL_S = 3600.0
@@ -34,6 +36,8 @@ class StoredResponse:
     items: tuple[responses_pb2.ResponseOutputItem, ...] = ()
     # Ends the background run still making this response (None: nothing runs).
     stop: Callable[[], object] | None = None
+    # The events a background response emitted (None: not made in the background).
+    events: ResponseEventLog | None = None
 
     @property
     def is_running(self) -> bool:
@@ -66,13 +70,14 @@ class ResponseStore:
         *,
         items: list[responses_pb2.ResponseOutputItem] | None = None,
         stop: Callable[[], object] | None = None,
+        events: ResponseEventLog | None = None,
     ) -> None:
         """Keep ``response`` (replacing an entry of its id, whose run is not stopped: a
         background run puts its finished response over its running one)."""
         self._expire()
         expires_at = self._clock() + self.ttl_s
         entry = StoredResponse(
-            response, tuple(conversation), expires_at, owner, tuple(items or ()), stop
+            response, tuple(conversation), expires_at, owner, tuple(items or ()), stop, events
         )
         self._entries[response.id] = entry
         self._entries.move_to_end(response.id)

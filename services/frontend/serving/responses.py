@@ -7,7 +7,9 @@ A ``background`` response is the streamed path with nobody listening: the RPC an
 the request is dispatched (every check passed), a task feeds the chat stream into the
 response the store holds, so ResponsesGet shows it growing (items as they close) and
 finished; ResponsesCancel or dropping the entry cancels the task, which aborts the
-request upstream as a client's cancel does.
+request upstream as a client's cancel does. Every event the run makes is kept in the
+entry's event log: a background create with ``stream`` and ResponsesGetStream both follow
+that log, so a client that leaves stops following and the run goes on.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 
 from tokenline.v1 import openai_pb2, responses_pb2
@@ -23,6 +25,11 @@ from tokenline.v1 import openai_pb2, responses_pb2
 from services.common.auth.caller import caller_name, may_touch
 from services.common.errors import InvalidArgumentError, TokenlineError
 from services.frontend.serving.chat import ChatServing
+from services.frontend.serving.response_event_log import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_EVENTS,
+    ResponseEventLog,
+)
 from services.frontend.serving.response_store import ResponseStore
 from services.frontend.serving.responses_events import ResponseEvents
 from services.frontend.serving.responses_input import (
@@ -37,6 +44,7 @@ from services.frontend.serving.responses_output import new_response, response_of
 logger = logging.getLogger(__name__)
 
 Chunks = AsyncGenerator[openai_pb2.ChatCompletionChunk, None]
+Events = AsyncIterator[responses_pb2.ResponseStreamEvent]
 _CONTINUABLE = ("completed", "incomplete")
 
 
@@ -69,13 +77,36 @@ class _Turn:
 
 
 class ResponsesServing:
-    def __init__(self, chat: ChatServing, store: ResponseStore | None = None) -> None:
+    def __init__(
+        self,
+        chat: ChatServing,
+        store: ResponseStore | None = None,
+        *,
+        log_max_events: int = DEFAULT_MAX_EVENTS,
+        log_max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
         self.chat = chat
         self.store = store if store is not None else ResponseStore()
+        self.log_bounds = (log_max_events, log_max_bytes)
         self._closing: set[asyncio.Task[None]] = set()
 
     def get(self, response_id: str) -> responses_pb2.Response:
         return self.store.get(response_id, "response_id", may_touch).response
+
+    async def replay(self, request: responses_pb2.ResponsesGetStreamRequest) -> Events:
+        """A background response's events after ``starting_after`` (all without it), then
+        its new ones while it runs, ending with its terminal event. NOT_FOUND as ``get``;
+        a response not made in the background is refused naming ``stream``."""
+        found = self.store.get(request.response_id, "response_id", may_touch)
+        if found.events is None:
+            raise InvalidArgumentError(
+                f"stream: response {request.response_id!r} was not created with background: "
+                "true; only a background response can be streamed again (GET it without stream)",
+                field="stream",
+            )
+        after = request.starting_after if request.HasField("starting_after") else None
+        async for event in found.events.follow(after):
+            yield event
 
     def input_items(
         self, request: responses_pb2.ResponsesInputItemsRequest
@@ -125,16 +156,20 @@ class ResponsesServing:
             chat = chat_request_of(request, stream=stream, history=history)
         return _Turn(request, chat, [*history, *input_messages(request)], history_items)
 
-    def _keep(self, response: responses_pb2.Response, turn: _Turn) -> None:
-        """Store a finished response (when it asked to be) for later continuations."""
+    def _keep(
+        self, response: responses_pb2.Response, turn: _Turn, log: ResponseEventLog | None = None
+    ) -> None:
+        """Store a finished response (when it asked to be) for later continuations, with
+        the event log of a background one."""
         if response.store:
             conversation = [*turn.conversation, output_message(response)]
             items = turn.items(response.id.removeprefix("resp_"))
-            self.store.put(response, conversation, owner=caller_name(), items=items)
+            self.store.put(response, conversation, caller_name(), items=items, events=log)
 
     async def create(self, request: responses_pb2.ResponsesRequest) -> responses_pb2.Response:
         if request.background:
-            return await self._start_in_background(request)
+            answer, _ = await self._start_in_background(request)
+            return answer
         turn = self._turn(request, stream=False)
         with _named_as_responses():
             completion = await self.chat.complete(turn.chat)
@@ -142,7 +177,9 @@ class ResponsesServing:
         self._keep(response, turn)
         return response
 
-    async def _open(self, turn: _Turn) -> tuple[Chunks, ResponseEvents]:
+    async def _open(
+        self, turn: _Turn, log: ResponseEventLog | None = None
+    ) -> tuple[Chunks, ResponseEvents]:
         """The chat stream, past its role chunk (every check has passed, the request is
         dispatched), and the events of its response."""
         chunks = self.chat.stream(turn.chat)
@@ -153,17 +190,16 @@ class ResponsesServing:
             await chunks.aclose()
             raise
         response = new_response(turn.request, _label(first.id), first.created, first.model)
-        return chunks, ResponseEvents(response)
+        return chunks, ResponseEvents(response, log)
 
-    async def stream(
-        self, request: responses_pb2.ResponsesRequest
-    ) -> AsyncGenerator[responses_pb2.ResponseStreamEvent, None]:
+    async def stream(self, request: responses_pb2.ResponsesRequest) -> Events:
+        """The response's events; a background one's are followed from its log, so the
+        caller leaving does not stop its run."""
         if request.background:
-            raise InvalidArgumentError(
-                "a background response is not streamed: create it without stream and poll "
-                "GET /v1/responses/{id}",
-                field="background",
-            )
+            _, log = await self._start_in_background(request)
+            async for event in log.follow():
+                yield event
+            return
         turn = self._turn(request, stream=True)
         chunks, events = await self._open(turn)
         try:
@@ -181,8 +217,9 @@ class ResponsesServing:
 
     async def _start_in_background(
         self, request: responses_pb2.ResponsesRequest
-    ) -> responses_pb2.Response:
-        """Dispatch, store the response ``in_progress`` with its run, answer a copy."""
+    ) -> tuple[responses_pb2.Response, ResponseEventLog]:
+        """Dispatch, store the response ``in_progress`` with its run and its event log;
+        answer a copy and the log."""
         if request.HasField("store") and not request.store:
             raise InvalidArgumentError(
                 "false cannot go with background: true (a background response is kept for "
@@ -190,16 +227,20 @@ class ResponsesServing:
                 field="store",
             )
         turn = self._turn(request, stream=True)
-        chunks, events = await self._open(turn)
+        log = ResponseEventLog(*self.log_bounds)
+        chunks, events = await self._open(turn, log)
         response = events.response
         events.start()
         run = asyncio.ensure_future(self._run(chunks, events, turn))  # the caller's context
         run.add_done_callback(lambda _: self._close_soon(chunks))
+        run.add_done_callback(lambda _: _end_log(events))
         items = turn.items(response.id.removeprefix("resp_"))
-        self.store.put(response, turn.conversation, caller_name(), items=items, stop=run.cancel)
+        self.store.put(
+            response, turn.conversation, caller_name(), items=items, stop=run.cancel, events=log
+        )
         answer = responses_pb2.Response()
         answer.CopyFrom(response)
-        return answer
+        return answer, log
 
     def _close_soon(self, chunks: Chunks) -> None:
         """Close the stream a run leaves open: one cancelled before its first step never
@@ -221,7 +262,20 @@ class ResponsesServing:
             raise
         except Exception as exc:  # noqa: BLE001 - a failed run is the response's status
             _fail(response, exc)
-        self._keep(response, turn)
+        self._keep(response, turn, events.log)
+
+
+def _end_log(events: ResponseEvents) -> None:
+    """Close a finished run's log; a run that failed or was cancelled (even before its
+    first step, when its own handlers never ran) first gets its terminal event."""
+    log = events.log
+    if log is None or log.is_closed:
+        return
+    if events.response.status == "in_progress":
+        events.response.status = "cancelled"
+    if events.response.status in ("failed", "cancelled"):
+        events.stopped()
+    log.close()
 
 
 async def _feed(chunks: Chunks, events: ResponseEvents) -> None:

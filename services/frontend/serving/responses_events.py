@@ -13,6 +13,7 @@ from typing import TypeAlias
 
 from tokenline.v1 import openai_pb2, responses_pb2
 
+from services.frontend.serving.response_event_log import ResponseEventLog
 from services.frontend.serving.responses_output import (
     call_item,
     finish,
@@ -33,10 +34,14 @@ class _OpenItem:
 
 
 class ResponseEvents:
-    """Events for one streamed response; ``response`` is the object the events carry."""
+    """Events for one streamed response; ``response`` is the object the events carry.
+    With ``log`` (a background response), every event made is also kept there."""
 
-    def __init__(self, response: responses_pb2.Response) -> None:
+    def __init__(
+        self, response: responses_pb2.Response, log: ResponseEventLog | None = None
+    ) -> None:
         self.response = response
+        self.log = log
         self.label = response.id.removeprefix("resp_")
         self._seq = 0
         self._open: _OpenItem | None = None
@@ -45,6 +50,8 @@ class ResponseEvents:
     def _event(self, type_: str, **fields: object) -> Event:
         event = Event(type=type_, sequence_number=self._seq, **fields)  # type: ignore[arg-type]
         self._seq += 1
+        if self.log is not None:
+            self.log.append(event)
         return event
 
     def _index(self) -> int:
@@ -83,6 +90,12 @@ class ResponseEvents:
             "response.completed" if self.response.status == "completed" else "response.incomplete"
         )
         return [*out, self._event(done, response=self.response)]
+
+    def stopped(self) -> list[Event]:
+        """The last event of a run that did not end on its own: ``response.failed``, or
+        ``response.cancelled`` (not an OpenAI event type: OpenAI has none for a cancel),
+        as ``response.status`` says."""
+        return [self._event(f"response.{self.response.status}", response=self.response)]
 
     def _text(self, kind: str, delta: str) -> list[Event]:
         out: list[Event] = []

@@ -137,12 +137,56 @@ async def test_refusals_come_before_anything_is_dispatched(
     assert chat.num_streams == 0
 
 
-async def test_a_background_request_cannot_stream(
+def _replay(response_id: str, after: int | None = None) -> Any:
+    request = responses_pb2.ResponsesGetStreamRequest(response_id=response_id)
+    if after is not None:
+        request.starting_after = after
+    return request
+
+
+async def test_a_streamed_background_response_runs_on_when_its_caller_leaves(
     serving: ResponsesServing, chat: ScriptedChat
 ) -> None:
+    stream = serving.stream(_background())
+    first = [await anext(stream), await anext(stream)]
+    assert [e.type for e in first] == ["response.created", "response.in_progress"]
+    response_id = first[0].response.id
+    await stream.aclose()  # the caller leaves
+    for piece in ("Hel", "lo", None):
+        chat.pieces.put_nowait(piece)
+    replayed = [e async for e in serving.replay(_replay(response_id, 1))]
+    assert [e.sequence_number for e in replayed] == list(range(2, 2 + len(replayed)))
+    assert replayed[-1].type == "response.completed" and not chat.closed_early.is_set()
+    deltas = [e.delta for e in replayed if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == "Hello" == serving.get(response_id).output[0].content[0].text
+    everything = [e async for e in serving.replay(_replay(response_id))]
+    assert [e.sequence_number for e in everything] == list(range(len(everything)))
+    assert everything[2:] == replayed
+
+
+async def test_a_cancelled_run_ends_its_replay_with_a_cancelled_event(
+    serving: ResponsesServing, chat: ScriptedChat
+) -> None:
+    created = await serving.create(_background())
+    follower = serving.replay(_replay(created.id))
+    assert (await anext(follower)).type == "response.created"
+    serving.cancel(created.id)
+    rest = [e async for e in follower]
+    assert rest[-1].type == "response.cancelled" and rest[-1].response.status == "cancelled"
+
+
+async def test_only_a_background_response_is_replayed(
+    serving: ResponsesServing, chat: ScriptedChat
+) -> None:
+    chat.pieces.put_nowait(None)
+    events = [e async for e in serving.stream(responses_pb2.ResponsesRequest(input_text="x"))]
+    response = serving.get(events[-1].response.id)  # stored, streamed, not in the background
     with pytest.raises(InvalidArgumentError) as info:
-        await anext(serving.stream(_background()))
-    assert info.value.field == "background" and chat.num_streams == 0
+        await anext(serving.replay(_replay(response.id)))
+    assert info.value.field == "stream" and response.id in info.value.message
+    with pytest.raises(NotFoundError) as missing:
+        await anext(serving.replay(_replay("resp_nope")))
+    assert missing.value.field == "response_id" and "resp_nope" in missing.value.message
 
 
 async def test_another_keys_stored_response_is_not_found_for_every_call(
