@@ -42,6 +42,7 @@ from services.scheduler.model_executor.models.config import ModelConfig
 from services.scheduler.model_executor.models.dtype import AUTO, DTYPES, choose_dtype
 from services.scheduler.model_executor.models.loader import load_model
 from services.scheduler.transport.engine_build import load_kernels
+from services.scheduler.transport.heap import keep_heap
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -59,6 +60,7 @@ class BenchArgs:
     num_threads: int
     temperatures: list[float]
     attention_backend: str = "torch"
+    heap_tuning: bool = True  # transport/heap.py, on in the server by default
 
 
 @dataclass(slots=True)
@@ -95,6 +97,7 @@ def parse_args() -> BenchArgs:
         help="1.0 is the OpenAI default (sampled); 0 is greedy",
     )
     p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="torch")
+    p.add_argument("--heap-tuning", action=argparse.BooleanOptionalAction, default=True)
     return BenchArgs(**vars(p.parse_args()))
 
 
@@ -102,6 +105,8 @@ def build(args: BenchArgs, overlap: bool = False) -> Scheduler:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     device = torch.device(args.device)
+    if args.heap_tuning and device.type == "cpu":
+        keep_heap()  # as the scheduler's engine process does by default
     choice = choose_dtype(args.dtype, ModelConfig.from_dir(args.model).dtype, device)
     print(f"dtype {choice.name} ({choice.reason})", flush=True)
     kernels = load_kernels(args.model, device)

@@ -194,6 +194,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=2048, help="the prefilled prompt")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--num-threads", type=int, default=0, help="torch threads (0: default)")
+    p.add_argument(
+        "--heap-tuning",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="as the scheduler's --heap-tuning (services/scheduler/transport/heap.py)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "limits.json")
     return p.parse_args(argv)
 
@@ -211,6 +217,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         repeats=1,
         num_threads=args.num_threads,
         temperatures=[0.0],
+        heap_tuning=args.heap_tuning,
     )
     scheduler = build(bench_args)
     model = scheduler.runner.model
