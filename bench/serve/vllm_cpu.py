@@ -49,6 +49,7 @@ TCMALLOC_NAME = "libtcmalloc_minimal.so.4"
 TCMALLOC_DEB = "libtcmalloc-minimal4"
 TCMALLOC_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 DEFAULT_KV_CACHE_GIB = 1  # tokenline's default KV pool is 512 MiB; vLLM takes whole GiB
+DEFAULT_MAX_MODEL_LEN = 4096  # see create_launch_command
 
 
 class PeerInstallError(RuntimeError):
@@ -218,8 +219,32 @@ def create_launch_env(
 def create_launch_command(
     venv_python: Path, model_dir: str, host: str, port: int, dtype: str, extra: Sequence[str]
 ) -> list[str]:
-    """The server's argv; served under the name ``model_dir`` exactly as given."""
+    """The server's argv; served under the name ``model_dir`` exactly as given.
+
+    vLLM refuses to start when one request at the model's full context would not fit its
+    KV space (Qwen3's 40,960 positions need 4.4 GiB against the 1 GiB here), where
+    tokenline caps its context to its pool instead (about 4,700 tokens for Qwen3-0.6B in
+    512 MiB). So unless ``extra`` says otherwise, vLLM gets ``--max-model-len``
+    ``DEFAULT_MAX_MODEL_LEN``: far above every benchmark prompt, and near tokenline's cap."""
+    max_len = [] if _has_flag(extra, "--max-model-len") else _max_model_len(model_dir)
     return [
         str(venv_python), "-m", ENTRY_MODULE, "--model", model_dir,
-        "--host", host, "--port", str(port), "--dtype", dtype, *extra,
+        "--host", host, "--port", str(port), "--dtype", dtype, *max_len, *extra,
     ]  # fmt: skip
+
+
+def _has_flag(args: Sequence[str], flag: str) -> bool:
+    return any(arg == flag or arg.startswith(f"{flag}=") for arg in args)
+
+
+def _max_model_len(model_dir: str) -> list[str]:
+    """``--max-model-len`` at ``DEFAULT_MAX_MODEL_LEN``, or none where the checkpoint's own
+    context is shorter (or unreadable: vLLM then reports what it finds)."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        positions = int(config.get("max_position_embeddings", 0))
+    except (OSError, ValueError):
+        return []
+    if positions <= DEFAULT_MAX_MODEL_LEN:
+        return []
+    return ["--max-model-len", str(DEFAULT_MAX_MODEL_LEN)]

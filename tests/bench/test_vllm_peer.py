@@ -98,6 +98,28 @@ def test_launch_command_runs_the_api_server_module_not_the_vllm_script() -> None
     ]  # fmt: skip
 
 
+def test_a_long_context_checkpoint_gets_a_max_model_len_unless_one_is_given(
+    tmp_path: Path,
+) -> None:
+    """vLLM refuses to start when one full-context request's KV exceeds its KV space, so
+    a checkpoint longer than DEFAULT_MAX_MODEL_LEN is capped; a short one, or a user's own
+    --max-model-len, is left alone."""
+    python = Path("/v/bin/python")
+
+    def argv(positions: int, extra: list[str]) -> list[str]:
+        folder = tmp_path / str(positions)
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text(json.dumps({"max_position_embeddings": positions}))
+        return vllm_cpu.create_launch_command(python, str(folder), "h", 1, "auto", extra)
+
+    cap = ["--max-model-len", str(vllm_cpu.DEFAULT_MAX_MODEL_LEN)]
+    long = argv(40960, [])
+    assert long[-2:] == cap
+    assert "--max-model-len" not in argv(2048, [])
+    assert argv(40960, ["--max-model-len=1024"])[-1] == "--max-model-len=1024"
+    assert argv(40960, ["--max-model-len=1024"]).count("--max-model-len") == 0
+
+
 def test_server_wires_install_preloads_and_launch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
