@@ -307,6 +307,14 @@ class FakeFrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
     async def ResponsesGet(self, request: Any, context: Any) -> Any:
         return await self._empty_reply("ResponsesGet", request, context)
 
+    async def ResponsesGetStream(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        """The replay of a background response: the create stream's events after
+        ``starting_after`` (all of them without it)."""
+        first = request.starting_after + 1 if request.HasField("starting_after") else 0
+        events = response_events(responses_pb2.ResponsesRequest())[first:]
+        async for item in self._stream("ResponsesGetStream", request, context, events):
+            yield item
+
     async def ResponsesInputItems(self, request: Any, context: Any) -> Any:
         return await self._empty_reply("ResponsesInputItems", request, context)
 
