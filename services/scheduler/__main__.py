@@ -266,7 +266,6 @@ async def serve(config: SchedulerProcessConfig) -> None:
             lambda: engine.fatal_error is not None or (engine.is_idle and pusher.is_flushed),
             config.drain_timeout,
         )
-        servicer.release_leases()
 
     await process.serve_until_signal(config.drain_timeout, on_drain=drain)
     await pusher.close()

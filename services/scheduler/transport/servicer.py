@@ -88,19 +88,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.draining = False
         self.leases = Leases()
         self._owner_aborts: set[asyncio.Task] = set()
-        self._leases_released = asyncio.Event()
 
     def attach(self, engine: EngineClient, context_length: int, dtype: str) -> None:
         """Start answering: called once the model is loaded (``dtype``: what it runs in)."""
         self.engine = engine
         self.context_length = context_length
         self.dtype = dtype
-
-    def release_leases(self) -> None:
-        """End every ``Attach`` stream. A drain calls it once the work is done: a lease
-        stream never ends by itself, so the server's stop would otherwise wait out the
-        whole drain timeout for them (a frontend re-attaches wherever it can)."""
-        self._leases_released.set()
 
     @grpc_errors
     async def AddRequest(self, request, context):  # noqa: N802 - gRPC method name
@@ -210,22 +203,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.leases.open(owner)
         logger.info("frontend %s attached", owner)
         renewals = asyncio.ensure_future(_until_renewals_stop(context))
-        released = asyncio.ensure_future(self._leases_released.wait())
         try:
-            while not renewals.done() and not released.done():
+            while not renewals.done():
                 beat = scheduler_pb2.SchedulerBeat(
                     info=self._info(engine), num_accepted=self.leases.num_accepted(owner)
                 )
                 await context.write(beat)
-                await asyncio.wait(
-                    [renewals, released],
-                    timeout=BEAT_INTERVAL_S,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-            if renewals.done():
-                logger.warning("frontend %s: %s", owner, renewals.result())
+                await asyncio.wait([renewals], timeout=BEAT_INTERVAL_S)
+            logger.warning("frontend %s: %s", owner, renewals.result())
         finally:
-            released.cancel()
             renewals.cancel()
             # At shutdown its read can fail before the cancel lands: take the error, so
             # asyncio does not log "Task exception was never retrieved" as the server stops.
