@@ -27,7 +27,9 @@ pytestmark = pytest.mark.live
 
 
 @pytest.fixture
-def two_schedulers(default_model_dir: Path, tmp_path: Path) -> Iterator[tuple[LocalStack, str]]:
+def two_schedulers(
+    default_model_dir: Path, tmp_path: Path
+) -> Iterator[tuple[LocalStack, str, subprocess.Popen[bytes]]]:
     ports = StackPorts.free()
     second = f"127.0.0.1:{free_port()}"
     log = open(tmp_path / "scheduler-b.log", "wb")  # noqa: SIM115 - closed with the process
@@ -57,11 +59,19 @@ def two_schedulers(default_model_dir: Path, tmp_path: Path) -> Iterator[tuple[Lo
     )
     try:
         stack.start()
-        stack.procs["scheduler-b"] = proc_b
-        yield stack, second
+        yield stack, second, proc_b
     finally:
-        stack.procs.setdefault("scheduler-b", proc_b)
+        # LocalStack.stop knows only its own four services: replica B is stopped here, by
+        # its PID, at the same time (it leaked, still serving, after every run before).
+        if proc_b.poll() is None:
+            proc_b.send_signal(signal.SIGTERM)
         stack.stop()
+        try:
+            proc_b.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc_b.kill()
+            proc_b.wait()
+        log.close()
         dump_logs(tmp_path)
 
 
@@ -92,7 +102,9 @@ async def cached(addr: str) -> int:
     return (await info(addr)).num_cached_kv_tokens
 
 
-async def spread_then_kill(stack: LocalStack, second: str) -> None:
+async def spread_then_kill(
+    stack: LocalStack, second: str, replica_b: subprocess.Popen[bytes]
+) -> None:
     first = stack.addr("scheduler")
     async with grpc.aio.insecure_channel(stack.addr("frontend")) as channel:
         stub = frontend_pb2_grpc.FrontendServiceStub(channel)
@@ -118,7 +130,7 @@ async def spread_then_kill(stack: LocalStack, second: str) -> None:
         stream = stub.GenerateStream(request("victim", 400), timeout=120)
         await stream.read()  # the first chunk: the request is running somewhere
         victim = first if await running(first) else second
-        proc = stack.procs["scheduler" if victim == first else "scheduler-b"]
+        proc = stack.procs["scheduler"] if victim == first else replica_b
         proc.send_signal(signal.SIGKILL)
         # The stream's 400 tokens would take far longer than the call's deadline is left
         # to run: it must end in UNAVAILABLE from the kill, not in its finish.
@@ -131,5 +143,5 @@ async def spread_then_kill(stack: LocalStack, second: str) -> None:
 
 
 def test_requests_spread_and_a_killed_replica_fails_fast(two_schedulers) -> None:
-    stack, second = two_schedulers
-    asyncio.run(spread_then_kill(stack, second))
+    stack, second, replica_b = two_schedulers
+    asyncio.run(spread_then_kill(stack, second, replica_b))
