@@ -110,9 +110,15 @@ class GrpcProcess:
             await self.health.set(name, status)
 
     async def serve_until_signal(
-        self, drain_timeout: float, on_drain: Callable[[], Awaitable[None]] | None = None
+        self,
+        drain_timeout: float,
+        on_drain: Callable[[], Awaitable[None]] | None = None,
+        grace_after_drain: float | None = None,
     ) -> None:
-        """Block until SIGTERM/SIGINT, then drain and stop."""
+        """Block until SIGTERM/SIGINT, then drain and stop. ``grace_after_drain``: once
+        ``on_drain`` returned (its work is done), the RPCs still open get only this long,
+        not ``drain_timeout``: a service whose peers hold streams that never end by
+        themselves (the scheduler's lease streams) would otherwise wait out the timeout."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
@@ -121,6 +127,8 @@ class GrpcProcess:
         await self.health.enter_graceful_shutdown()
         if on_drain is not None:
             await on_drain()
+            if grace_after_drain is not None:
+                drain_timeout = grace_after_drain
         await self.server.stop(drain_timeout)
 
     def request_stop(self) -> None:

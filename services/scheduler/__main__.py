@@ -39,6 +39,9 @@ from services.scheduler.transport.servicer import SchedulerServicer
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
+# What RPCs still open after a finished drain get: the lease streams never end by
+# themselves, and a unary call (GetInfo) needs far less.
+GRACE_AFTER_DRAIN_S = 1.0
 
 
 def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
@@ -267,7 +270,10 @@ async def serve(config: SchedulerProcessConfig) -> None:
             config.drain_timeout,
         )
 
-    await process.serve_until_signal(config.drain_timeout, on_drain=drain)
+    # Once drained, only the frontends' lease streams are left open: they end with the stop.
+    await process.serve_until_signal(
+        config.drain_timeout, on_drain=drain, grace_after_drain=GRACE_AFTER_DRAIN_S
+    )
     await pusher.close()
     engine.stop()
     if engine.fatal_error is not None:
