@@ -81,8 +81,8 @@ def best_seconds(fn: Callable[[], object], repeats: int) -> float:
     return min(times)
 
 
-def copy_bandwidth(repeats: int = 10) -> float:
-    src = torch.ones(256 * 1024 * 1024, dtype=torch.bfloat16)  # 512 MiB
+def copy_bandwidth(mib: int = 512, repeats: int = 10) -> float:
+    src = torch.ones(mib * 1024 * 1024 // 2, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     seconds = best_seconds(lambda: dst.copy_(src), repeats)
     return 2 * src.numel() * src.element_size() / seconds / 1e9
@@ -193,6 +193,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--context", type=int, default=128, help="decode context length")
     p.add_argument("--prompt-len", type=int, default=2048, help="the prefilled prompt")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--copy-mib", type=int, default=512, help="the copied tensor: far above any cache"
+    )
+    p.add_argument(
+        "--gemm-rows", type=int, default=0, help="rows of the GEMM bound (0: the prefill chunk)"
+    )
     p.add_argument("--num-threads", type=int, default=0, help="torch threads (0: default)")
     p.add_argument(
         "--heap-tuning",
@@ -224,8 +230,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     dtype = next(model.parameters()).dtype
     machine = machine_info()
     print(f"machine: {describe(machine)}", flush=True)
-    rows = scheduler.config.max_num_batched_tokens
-    limits = Limits(copy_bandwidth(), gemm_throughput(model, rows, dtype) / 1e12, rows)
+    rows = args.gemm_rows or scheduler.config.max_num_batched_tokens
+    limits = Limits(copy_bandwidth(args.copy_mib), gemm_throughput(model, rows, dtype) / 1e12, rows)
     print(
         f"limits: copy {limits.copy_gb_s:.1f} GB/s (read + written); the model's GEMMs at "
         f"{rows} rows {limits.gemm_tflops:.2f} TFLOP/s ({str(dtype).removeprefix('torch.')})",

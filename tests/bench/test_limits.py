@@ -17,7 +17,8 @@ def test_a_run_reports_its_limits_and_the_ratios_to_them(
 ) -> None:
     out = tmp_path / "limits.json"
     argv = ["--model", str(default_model_dir), "--dtype", "float32", "--prompt-len", "96"]
-    limits.main([*argv, "--context", "16", "--repeats", "2", "--out", str(out)])
+    small = ["--context", "16", "--repeats", "2", "--copy-mib", "16", "--gemm-rows", "64"]
+    limits.main([*argv, *small, "--out", str(out)])
     report = json.loads(out.read_text())
     config = ModelConfig.from_dir(default_model_dir)
     h, kv = config.hidden_size, config.num_kv_heads * config.head_dim
@@ -26,7 +27,7 @@ def test_a_run_reports_its_limits_and_the_ratios_to_them(
     per_layer += 3 * h * config.intermediate_size  # gate, up, down
     weights = config.num_layers * per_layer + h * config.vocab_size  # and the LM head
     decode, prefill, bounds = report["decode"], report["prefill"], report["limits"]
-    assert report["dtype"] == "float32"
+    assert report["dtype"] == "float32" and bounds["gemm_rows"] == 64
     assert decode["weight_gb"] == pytest.approx(4 * weights / 1e9)
     assert decode["forward_gb_s"] == pytest.approx(decode["weight_gb"] / decode["forward_ms"] * 1e3)
     assert decode["forward_of_copy"] == pytest.approx(decode["forward_gb_s"] / bounds["copy_gb_s"])
