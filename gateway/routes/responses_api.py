@@ -5,7 +5,7 @@ ResponsesGet[Stream], ResponsesInputItems, ResponsesDelete, ResponsesCancel)."""
 from __future__ import annotations
 
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from tokenline.v1 import responses_pb2
@@ -75,25 +75,28 @@ async def retrieve_response(
     response_id: str,
     request: Request,
     stream: Annotated[
-        str | None, Query(description="true: the events of a background response")
+        Literal["true", "false"] | None,
+        Query(description="true: the events of a background response"),
     ] = None,
     starting_after: Annotated[
-        str | None, Query(description="with stream: replay the events after this number")
+        int | None,
+        Query(ge=0, lt=2**31, description="with stream: replay the events after this number"),
     ] = None,
     include_obfuscation: Annotated[
-        str | None, Query(description="false only: no obfuscation field is written")
+        Literal["false"] | None,
+        Query(description="false only: this server writes no obfuscation padding"),
     ] = None,
 ) -> Response | dict[str, Any]:
     """A response stored by this frontend; 404 naming the id when unknown or expired. With
-    ``stream=true``, a background response's events again (ResponsesGetStream)."""
+    ``stream=true``, a background response's events again (ResponsesGetStream). A bad
+    parameter is the validation's 400 naming it, as every typed query parameter's."""
     _check_query(request, {"stream", "starting_after", "include_obfuscation"})
     client: FrontendClient = request.state.frontend
     options = client.options(request.state.request_id)
-    _flag("include_obfuscation", include_obfuscation)
-    if _flag("stream", stream):
-        replay = responses_pb2.ResponsesGetStreamRequest(response_id=response_id)
-        if starting_after is not None:
-            replay.starting_after = _sequence_number(starting_after)
+    if stream == "true":
+        replay = responses_pb2.ResponsesGetStreamRequest(
+            response_id=response_id, starting_after=starting_after
+        )
         keepalive_s = request.state.config.sse_keepalive_s
         call = client.stub.ResponsesGetStream(replay, **options)
         return await stream_response(request, call, ResponseFrames(), keepalive_s)
@@ -102,31 +105,6 @@ async def retrieve_response(
     proto = responses_pb2.ResponsesGetRequest(response_id=response_id)
     call = client.stub.ResponsesGet(proto, **options)
     return response_to_dict(await until_disconnected(request, call, call))
-
-
-def _flag(name: str, value: str | None) -> bool:
-    """A boolean query parameter as the SDK writes it; ``include_obfuscation=true`` is
-    refused (this server writes no obfuscation padding)."""
-    if value is None:
-        return False
-    if value not in ("true", "false") or (name == "include_obfuscation" and value == "true"):
-        allowed = '"false"' if name == "include_obfuscation" else '"true" or "false"'
-        raise GatewayError(400, f"{name}: must be {allowed}, got {value!r}", param=name)
-    return value == "true"
-
-
-def _sequence_number(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = -1
-    if not 0 <= number < 2**31:
-        raise GatewayError(
-            400,
-            f"starting_after: must be an event's sequence number (0 or more), got {value!r}",
-            param="starting_after",
-        )
-    return number
 
 
 @router.get(
