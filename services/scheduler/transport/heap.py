@@ -4,9 +4,10 @@ A CPU forward allocates and frees the same activations step after step (a 1,024-
 prefill chunk's gate-up output in bf16 is 20 MB, a decode step's float32 logits at C = 64
 are 33 MB). glibc serves every block over its mmap threshold with a fresh ``mmap`` and
 unmaps it on ``free``, so each step page-faults all of that memory in again: measured on a
-2-core Intel Xeon with AMX (torch 2.13, the 0.5B-shaped checkpoint), a chunked 2,048-token
-prefill ran at 848-871 prompt tokens/s with glibc's defaults and at 1,126-1,142 with its
-heap kept (``bench.limits``), and the model's own GEMMs measured 1.41 TFLOP/s against 2.0+.
+2-core Intel Xeon with AMX (torch 2.13, the 0.5B-shaped checkpoint, a quiet machine), a
+chunked 2,048-token prefill ran at 827-834 prompt tokens/s with glibc's defaults and at
+1,112-1,180 with its heap kept (``bench.limits``, docs/benchmarks.md), and the model's own
+GEMMs measured 1.39 TFLOP/s against 2.05.
 This is what vLLM's and SGLang's CPU guides get by preloading tcmalloc; ``mallopt`` gets
 it from the allocator already loaded, with no library to install:
 
