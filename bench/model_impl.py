@@ -24,11 +24,11 @@ from services.scheduler.model_executor.models.loader import load_model
 PATHS = ("native", "transformers")
 
 
-def create_runner(model_dir: str, path: str, num_tokens: int) -> ModelRunner:
-    model, config = load_model(model_dir, torch.float32, "cpu", model_impl=path)
-    pool = KVPool(
-        num_tokens, config.num_layers, config.num_kv_heads, config.head_dim, torch.float32
-    )
+def create_runner(
+    model_dir: str, path: str, num_tokens: int, dtype: torch.dtype = torch.float32
+) -> ModelRunner:
+    model, config = load_model(model_dir, dtype, "cpu", model_impl=path)
+    pool = KVPool(num_tokens, config.num_layers, config.num_kv_heads, config.head_dim, dtype)
     return ModelRunner(model, pool, "cpu")
 
 

@@ -64,6 +64,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--num-threads", type=int, default=2)
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="the models' dtype (bfloat16 is what serving picks on a CPU with AVX512_BF16)",
+    )
     p.add_argument("--out", type=Path, default=Path("bench/results/moe_vs_dense.json"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.num_threads)
@@ -71,12 +77,13 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         paths = build_checkpoints(Path(tmp), args)
         runners = {
-            name: create_runner(str(path), "native", num_tokens) for name, path in paths.items()
+            name: create_runner(str(path), "native", num_tokens, getattr(torch, args.dtype))
+            for name, path in paths.items()
         }
     cases = {f"prefill {args.prompt_len}": prefill_plan(args.prompt_len)}
     cases.update({f"decode C={c}": decode_plan(c, args.prompt_len) for c in args.concurrency})
     info = machine_info()
-    print(describe(info), f"torch threads {args.num_threads}")
+    print(describe(info), f"torch threads {args.num_threads}, {args.dtype}")
     results = {}
     for name, plan in cases.items():
         ms = median_ms({m: functools.partial(runners[m].run, plan) for m in runners}, args.repeats)

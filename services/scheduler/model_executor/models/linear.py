@@ -67,18 +67,45 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     )
 
 
-class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, same checkpoint names) that, once ``pack`` has run,
-    multiplies by a oneDNN-packed weight, and whose input rows are padded to ``row_bucket``
-    while ``pad_rows`` is on (the padding rows are dropped after), or run in tiles of exactly
-    ``row_tile`` rows when that is set (batch-invariant mode)."""
+def _matmul(
+    x: torch.Tensor,
+    packed: torch.Tensor | None,
+    dense: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    if packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    assert dense is not None
+    return F.linear(x, dense, bias)
+
+
+class RowShaped:
+    """What every module whose matmuls ``prepare_linears`` sets up shares: the row
+    bucketing or row tiles of its inputs, and a ``pack`` of its weights for oneDNN (a
+    ``Linear``; the experts of ``moe.py``)."""
 
     pad_rows: bool = False
     row_tile: int = 0  # > 0: every matmul takes exactly this many rows
-    packed_weight: torch.Tensor | None = None  # opaque oneDNN tensor; a plain attribute
-    quantized: Int8Weight | None = None  # set by ``quantize``; then ``weight`` is None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def quantized_weights(self) -> bool:
+        """Whether int8 kernels (which pad and pack nothing) run this module's matmuls."""
+        raise NotImplementedError
+
+    def pack(self, keep_dense: bool) -> None:
+        """Reorder the weights for oneDNN; free the dense ones unless ``keep_dense``."""
+        raise NotImplementedError
+
+    def matmul_rows(
+        self,
+        x: torch.Tensor,
+        packed: torch.Tensor | None,
+        dense: torch.Tensor | None,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x @ weight.T (+ bias)`` by the packed weight if there is one, else the dense
+        one, with ``x``'s rows padded to their bucket or run in tiles as this module is
+        set up (the padding rows are dropped after)."""
         num_rows = x.shape[0]
         if self.row_tile:
             padded = -(-num_rows // self.row_tile) * self.row_tile
@@ -87,24 +114,33 @@ class Linear(nn.Linear):
         if padded != num_rows:
             x = F.pad(x, (0, 0, 0, padded - num_rows))
         if self.row_tile:
-            out = torch.cat([self._matmul(tile) for tile in x.split(self.row_tile)])
+            tiles = x.split(self.row_tile)
+            out = torch.cat([_matmul(tile, packed, dense, bias) for tile in tiles])
         else:
-            out = self._matmul(x)
+            out = _matmul(x, packed, dense, bias)
         return out if padded == num_rows else out[:num_rows]
 
-    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+
+class Linear(nn.Linear, RowShaped):
+    """``nn.Linear`` (same parameters, same checkpoint names) that, once ``pack`` has run,
+    multiplies by a oneDNN-packed weight, and whose input rows are padded to ``row_bucket``
+    while ``pad_rows`` is on (the padding rows are dropped after), or run in tiles of exactly
+    ``row_tile`` rows when that is set (batch-invariant mode)."""
+
+    packed_weight: torch.Tensor | None = None  # opaque oneDNN tensor; a plain attribute
+    quantized: Int8Weight | None = None  # set by ``quantize``; then ``weight`` is None
+
+    @property
+    def quantized_weights(self) -> bool:
+        return self.quantized is not None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None:
             return self.quantized.matmul(x, self.bias)
-        if self.packed_weight is not None:
-            return torch.ops.mkldnn._linear_pointwise(
-                x, self.packed_weight, self.bias, "none", [], ""
-            )
-        return super().forward(x)
+        return self.matmul_rows(x, self.packed_weight, self.weight, self.bias)
 
     @torch.no_grad()
     def pack(self, keep_dense: bool) -> None:
-        """Reorder the weight for oneDNN; free the dense copy unless ``keep_dense`` (another
-        module reads it)."""
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
         if not keep_dense:
             self.weight = None  # type: ignore[assignment]
@@ -120,11 +156,13 @@ class Linear(nn.Linear):
 def prepare_linears(
     model: nn.Module, device: torch.device, dtype: torch.dtype, batch_invariant: bool = False
 ) -> str:
-    """Set every ``Linear`` of a loaded ``model`` up for ``device`` and ``dtype``: packed
-    and padded where oneDNN runs them, in fixed row tiles when ``batch_invariant`` (see the
-    module docstring); a quantized one is left to its own kernels. Returns what was done,
-    for the start-up log."""
-    layers = [m for m in model.modules() if isinstance(m, Linear) and m.quantized is None]
+    """Set every ``Linear`` (and every other ``RowShaped`` module: MoE experts) of a loaded
+    ``model`` up for ``device`` and ``dtype``: packed and padded where oneDNN runs them, in
+    fixed row tiles when ``batch_invariant`` (see the module docstring); a quantized one is
+    left to its own kernels. Returns what was done, for the start-up log."""
+    layers: list[RowShaped] = [
+        m for m in model.modules() if isinstance(m, RowShaped) and not m.quantized_weights
+    ]
     how = _pack_or_pad(model, layers, device, dtype)
     if not batch_invariant:
         return how
@@ -134,18 +172,20 @@ def prepare_linears(
 
 
 def _pack_or_pad(
-    model: nn.Module, layers: list[Linear], device: torch.device, dtype: torch.dtype
+    model: nn.Module, layers: list[RowShaped], device: torch.device, dtype: torch.dtype
 ) -> str:
     if can_pack(device, dtype):
         # A weight some other module holds too (a tied LM head's embedding) stays dense.
         shared = {
             id(p)
             for m in model.modules()
-            if not isinstance(m, Linear)
+            if not isinstance(m, RowShaped)
             for p in m.parameters(recurse=False)
         }
         for layer in layers:
-            layer.pack(keep_dense=id(layer.weight) in shared)
+            assert isinstance(layer, nn.Module)
+            own = layer.parameters(recurse=False)
+            layer.pack(keep_dense=any(id(p) in shared for p in own))
             layer.pad_rows = True
         return "packed"
     if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):

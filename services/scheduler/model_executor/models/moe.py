@@ -4,24 +4,27 @@ The router picks ``top_k`` experts per token. Rather than loop over tokens, the 
 (token, expert) pairs are sorted by expert so that each expert that any token chose runs
 one matmul over all of its tokens; the outputs are weighted and summed back per token with
 one ``index_add_``. The expert weights live stacked in ``[num_experts, ...]`` parameters
-(the loader stacks HF's per-expert tensors into them). With ``--quantization int8`` each
-expert's weights are int8 (``int8_weight.py``); the router stays in full precision, since
-a rounded router score can send a token to another expert.
+(the loader stacks HF's per-expert tensors into them). ``prepare_linears`` then packs each
+expert's pair for oneDNN and pads or tiles its rows as it does a ``Linear``'s
+(``linear.py``): a decode step gives most experts one to three rows, where oneDNN's packed
+matmul streams the weight about twice as fast as ``F.linear`` from the [out, in] layout.
+With ``--quantization int8`` each expert's weights are int8 (``int8_weight.py``); the
+router stays in full precision, since a rounded router score can send a token to another
+expert.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from services.scheduler.model_executor.models.config import ModelConfig, MoeConfig
 from services.scheduler.model_executor.models.int8_weight import Int8Weight
 from services.scheduler.model_executor.models.layers import ACTIVATIONS, MLP
-from services.scheduler.model_executor.models.linear import Linear
+from services.scheduler.model_executor.models.linear import Linear, RowShaped
 
 
-class Experts(nn.Module):
+class Experts(nn.Module, RowShaped):
     """``num_experts`` gated MLPs: ``gate_up_proj`` [E, 2 * I, H], ``down_proj`` [E, H, I]."""
 
     def __init__(self, config: ModelConfig, moe: MoeConfig) -> None:
@@ -31,6 +34,8 @@ class Experts(nn.Module):
         self.num_experts = moe.num_experts
         # Per expert (gate_up, down) once ``quantize`` has run; the stacks are then None.
         self.int8: list[tuple[Int8Weight, Int8Weight]] | None = None
+        # Per expert (gate_up, down) in oneDNN's layout once ``pack`` has run; likewise.
+        self.packed: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.gate_up_proj = nn.Parameter(torch.empty(moe.num_experts, 2 * size, hidden))
         self.down_proj = nn.Parameter(torch.empty(moe.num_experts, hidden, size))
         self.act = ACTIVATIONS[config.hidden_act]
@@ -60,8 +65,30 @@ class Experts(nn.Module):
             gate_up_int8, down_int8 = self.int8[expert]
             gate, up = gate_up_int8.matmul(x).split(self.intermediate_size, dim=-1)
             return down_int8.matmul(self.act(gate) * up)
-        gate, up = F.linear(x, self.gate_up_proj[expert]).split(self.intermediate_size, dim=-1)
-        return F.linear(self.act(gate) * up, self.down_proj[expert])
+        if self.packed is not None:
+            gate_up_packed, down_packed = self.packed[expert]
+            gate_up = self.matmul_rows(x, gate_up_packed, None)
+            gate, up = gate_up.split(self.intermediate_size, dim=-1)
+            return self.matmul_rows(self.act(gate) * up, down_packed, None)
+        gate_up = self.matmul_rows(x, None, self.gate_up_proj[expert])
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        return self.matmul_rows(self.act(gate) * up, None, self.down_proj[expert])
+
+    @property
+    def quantized_weights(self) -> bool:
+        return self.int8 is not None
+
+    @torch.no_grad()
+    def pack(self, keep_dense: bool) -> None:
+        def reorder(stack: torch.Tensor, expert: int) -> torch.Tensor:
+            return torch.ops.mkldnn._reorder_linear_weight(stack[expert].detach(), None)
+
+        self.packed = [
+            (reorder(self.gate_up_proj, e), reorder(self.down_proj, e))
+            for e in range(self.num_experts)
+        ]
+        if not keep_dense:
+            self.gate_up_proj = self.down_proj = None  # type: ignore[assignment]
 
     def quantize(self, row_independent: bool) -> None:
         """Hold every expert's weights as int8 and free the float stacks."""
