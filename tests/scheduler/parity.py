@@ -12,8 +12,8 @@ from transformers import PreTrainedModel
 
 from services.scheduler.mem_cache.kv_pool import KVPool
 from services.scheduler.model_executor.forward_batch import ForwardBatch
-from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
 from services.scheduler.model_executor.models.config import ModelConfig
+from services.scheduler.model_executor.models.standalone_step import StandaloneStep
 
 NEAR_TIE = 1e-4
 # Logits here span about +-40; float32 matmuls blocked differently for different batch
@@ -25,7 +25,7 @@ def new_pool(config: ModelConfig, num_tokens: int, dtype: torch.dtype = torch.fl
     return KVPool(num_tokens, config.num_layers, config.num_kv_heads, config.head_dim, dtype)
 
 
-def our_greedy(model: NativeCausalLM, config: ModelConfig, prompt: list[int], n: int) -> list[int]:
+def our_greedy(model: StandaloneStep, config: ModelConfig, prompt: list[int], n: int) -> list[int]:
     """Prefill the whole prompt, then decode one token per step through the KV pool."""
     pool = new_pool(config, len(prompt) + n)
     slots = pool.allocate(len(prompt) + n)
@@ -64,7 +64,7 @@ def assert_same_greedy(label: str, expected: list[int], gaps: list[float], got: 
     assert got == expected, label
 
 
-def run_alone(model: NativeCausalLM, config: ModelConfig, steps: list[list[int]]) -> torch.Tensor:
+def run_alone(model: StandaloneStep, config: ModelConfig, steps: list[list[int]]) -> torch.Tensor:
     """Feed ``steps`` (token chunks) one per forward; return all logits of the last one."""
     pool = new_pool(config, sum(map(len, steps)))
     slots = pool.allocate(sum(map(len, steps)))
@@ -77,7 +77,7 @@ def run_alone(model: NativeCausalLM, config: ModelConfig, steps: list[list[int]]
 
 
 def assert_mixed_batch_matches_alone(
-    model: NativeCausalLM, config: ModelConfig, reqs: list[list[list[int]]]
+    model: StandaloneStep, config: ModelConfig, reqs: list[list[list[int]]]
 ) -> None:
     """Per request, earlier steps (token chunks) then the step under test: all final steps
     run in one batch over scattered pool slots and must give each request's logits alone."""

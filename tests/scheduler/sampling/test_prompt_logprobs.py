@@ -42,10 +42,14 @@ TABLE = " ".join(f"item {i}: value {i * 7 % 13};" for i in range(40))
 
 
 def load_hf_references(model_dir: Path) -> dict[torch.dtype, PreTrainedModel]:
-    """HF's forward in float64 (the reference) and float32 (the yardstick for the tolerance)."""
+    """HF's forward in float64 (the reference) and float32 (the yardstick for the tolerance).
+    The float64 one computes MoE experts in transformers' eager loop: its default grouped
+    matmul takes no float64."""
     return {
-        dtype: AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-        for dtype in (torch.float64, torch.float32)
+        torch.float64: AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float64, experts_implementation="eager"
+        ).eval(),
+        torch.float32: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(),
     }
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-from torch import nn
 
 from services.scheduler.mem_cache.kv_pool import KVPool
 from services.scheduler.model_executor.attention.base import AttentionBackend, AttentionMetadata
@@ -27,9 +26,10 @@ from services.scheduler.model_executor.models.layers import (
 )
 from services.scheduler.model_executor.models.linear import Linear
 from services.scheduler.model_executor.models.rope import RopeScaling
+from services.scheduler.model_executor.models.standalone_step import StandaloneStep
 
 
-class NativeCausalLM(nn.Module):
+class NativeCausalLM(StandaloneStep):
     """A decoder-only LM; subclasses build ``self.model`` in ``build_model``.
 
     Parameter names follow HF's except where the class maps them (the class attributes).
@@ -111,19 +111,3 @@ class NativeCausalLM(nn.Module):
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits  # type: ignore[no-any-return]
-
-    @torch.inference_mode()
-    def forward(
-        self, batch: ForwardBatch, kv_pool: KVPool, *, all_logits: bool = False
-    ) -> torch.Tensor:
-        """One standalone step, for tests and tools (serving goes through ``ModelRunner``,
-        which plans the batch itself and runs the LM head only on the rows it samples).
-
-        Returns float32 logits [num_reqs, vocab] for each request's last new token, or
-        [num_tokens, vocab] for every new token when ``all_logits``.
-        """
-        hidden = self.hidden_states(batch, self.attn_backend.plan(batch), kv_pool)
-        if not all_logits:
-            last_rows = torch.tensor(batch.extend_lens, dtype=torch.int64, device=hidden.device)
-            hidden = hidden[last_rows.cumsum(0) - 1]
-        return self.compute_logits(hidden).float()

@@ -86,16 +86,14 @@ def load_model(
                 "not run in fixed row tiles"
             )
         chosen = choose_dtype(dtype, impl.dtype, device).dtype
-        files = checkpoint_files(model_dir)
+        checkpoint_files(model_dir)  # refuses a folder without safetensors in one line
         # Imported on use: transformers' modeling stack costs seconds of CPU to import and
         # a natively served model never touches it.
         from services.scheduler.model_executor.models.transformers_model import (
             load_transformers_model,
         )
 
-        return load_transformers_model(
-            model_dir, files, chosen, device, attention_backend, decode_kernel
-        )
+        return load_transformers_model(model_dir, chosen, device, attention_backend, decode_kernel)
     model, config = load_native(
         model_dir, dtype, device, attention_backend, batch_invariant, decode_kernel
     )

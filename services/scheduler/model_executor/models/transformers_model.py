@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch import nn
 from transformers import (
     AttentionInterface,
@@ -36,7 +35,8 @@ from transformers import (
     PretrainedConfig,
     PreTrainedModel,
 )
-from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.modeling_outputs import MoeModelOutputWithPast
+from transformers.utils import logging as hf_logging
 
 from services.common.eos import eos_id_union
 from services.scheduler.mem_cache.kv_pool import KVPool
@@ -45,6 +45,7 @@ from services.scheduler.model_executor.attention.base import AttentionBackend, A
 from services.scheduler.model_executor.forward_batch import ForwardBatch
 from services.scheduler.model_executor.models.config import ModelConfig, RopeScaling
 from services.scheduler.model_executor.models.model_impl import UnsupportedModelError
+from services.scheduler.model_executor.models.standalone_step import StandaloneStep
 
 logger = logging.getLogger(__name__)
 
@@ -96,13 +97,14 @@ def tokenline_attention(
 
 
 class _HiddenPassThrough(nn.Module):
-    """Stands in for the backbone inside the CausalLM, so its ``forward`` is just the head."""
+    """Stands in for the backbone inside the CausalLM, so its ``forward`` is just the head.
+    The MoE output type: an MoE head reads ``router_logits`` (None: no auxiliary loss)."""
 
-    def forward(self, inputs_embeds: torch.Tensor, **_: Any) -> BaseModelOutputWithPast:
-        return BaseModelOutputWithPast(last_hidden_state=inputs_embeds)
+    def forward(self, inputs_embeds: torch.Tensor, **_: Any) -> MoeModelOutputWithPast:
+        return MoeModelOutputWithPast(last_hidden_state=inputs_embeds)
 
 
-class TransformersCausalLM(nn.Module):
+class TransformersCausalLM(StandaloneStep):
     """A transformers CausalLM behind the interface ``ModelRunner`` calls."""
 
     def __init__(
@@ -138,23 +140,24 @@ class TransformersCausalLM(nn.Module):
 
 def load_transformers_model(
     model_dir: Path,
-    files: list[Path],
     dtype: torch.dtype,
     device: torch.device,
     attention_backend: str = "torch",
     decode_kernel: bool = False,
 ) -> tuple[TransformersCausalLM, ModelConfig]:
-    """Build the checkpoint's transformers CausalLM with its parameters on the meta device,
-    fill them from the safetensors ``files`` in ``dtype`` on ``device``, and wrap it."""
+    """Build the checkpoint's transformers CausalLM on the meta device to refuse what
+    tokenline's attention cannot honour, then load it with ``from_pretrained`` in ``dtype``
+    on ``device``, and wrap it."""
     AttentionInterface.register(ATTENTION_NAME, tokenline_attention)
     hf_config = AutoConfig.from_pretrained(model_dir)
     with _parameters_on_meta():
-        causal_lm = AutoModelForCausalLM.from_config(
+        skeleton = AutoModelForCausalLM.from_config(
             hf_config, dtype=dtype, attn_implementation=ATTENTION_NAME
         )
-    refuse_unhonoured_parameters(causal_lm)
-    _load_weights(causal_lm, files, dtype, device)
-    causal_lm.to(device).eval()
+    refuse_unhonoured_parameters(skeleton)
+    del skeleton
+    causal_lm = _load_pretrained(model_dir, hf_config, dtype)
+    nn.Module.to(causal_lm, device).eval()  # transformers' own ``to`` wrapper is mistyped
     config = _model_config(hf_config, model_dir, dtype)
     backend = create_attention_backend(attention_backend, device, decode_kernel=decode_kernel)
     logger.info(
@@ -199,27 +202,35 @@ def _parameters_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = original  # type: ignore[method-assign]
 
 
-@torch.no_grad()
-def _load_weights(
-    causal_lm: PreTrainedModel, files: list[Path], dtype: torch.dtype, device: torch.device
-) -> None:
-    """Every checkpoint tensor into its parameter and every parameter filled, or an error
-    naming the first few that are not: a half-loaded model would serve plausible garbage."""
-    state: dict[str, torch.Tensor] = {}
-    for path in files:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                tensor = f.get_tensor(name)
-                state[name] = tensor.to(device, dtype) if tensor.is_floating_point() else tensor
-    result = causal_lm.load_state_dict(state, strict=False, assign=True)
-    if result.unexpected_keys:
+def _load_pretrained(
+    model_dir: Path, hf_config: PretrainedConfig, dtype: torch.dtype
+) -> PreTrainedModel:
+    """The CausalLM with every checkpoint tensor in its parameter, or an error naming the
+    first few that are not: a half-loaded model would serve plausible garbage.
+
+    ``from_pretrained`` and not a plain ``load_state_dict``: transformers renames and fuses
+    tensors on load where its modules store them otherwise than checkpoints do (the
+    per-expert ``experts.N.gate_proj`` / ``up_proj`` of MoE checkpoints become one
+    ``experts.gate_up_proj`` stack in transformers 5), and keeps that mapping per
+    architecture. The folder is local, so nothing is fetched."""
+    hf_logging.disable_progress_bar()  # a bar per load in the scheduler's log otherwise
+    loaded: Any = AutoModelForCausalLM.from_pretrained(
+        model_dir,
+        config=hf_config,
+        dtype=dtype,
+        attn_implementation=ATTENTION_NAME,
+        output_loading_info=True,
+    )
+    causal_lm: PreTrainedModel = loaded[0]
+    info: dict[str, Any] = loaded[1]
+    if info["unexpected_keys"]:
         raise ValueError(
-            f"checkpoint has weights the model does not: {sorted(result.unexpected_keys)[:10]}"
+            f"checkpoint has weights the model does not: {sorted(info['unexpected_keys'])[:10]}"
         )
-    causal_lm.tie_weights()
-    missing = [n for n, p in causal_lm.named_parameters() if p.device.type == "meta"]
+    missing = sorted(info["missing_keys"]) + sorted(str(m) for m in info["mismatched_keys"])
     if missing:
-        raise ValueError(f"checkpoint lacks weights for: {sorted(missing)[:10]}")
+        raise ValueError(f"checkpoint lacks weights for: {missing[:10]}")
+    return causal_lm
 
 
 def _model_config(hf_config: PretrainedConfig, model_dir: Path, dtype: torch.dtype) -> ModelConfig:

@@ -85,5 +85,5 @@ def test_attention_sinks_are_refused_before_weights_are_read(tmp_path: Path) -> 
     )
     assert resolve_model_impl(model_dir).path == "transformers"  # config.json passes
     with pytest.raises(UnsupportedModelError, match="attention sinks") as info:
-        load_transformers_model(model_dir, [], torch.float32, torch.device("cpu"))
+        load_transformers_model(model_dir, torch.float32, torch.device("cpu"))
     assert "\n" not in str(info.value)

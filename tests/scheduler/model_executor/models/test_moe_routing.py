@@ -1,6 +1,7 @@
 """Mixture-of-experts routing against HF: a batch whose tokens all choose the same experts
 (forced by the router weights, not by luck: tests/checkpoints.py's ``force_routing``), and
-one whose tokens spread over the experts. Logits and greedy tokens must match HF in both."""
+one whose tokens spread over the experts. Logits and greedy tokens must match HF in both,
+and on the transformers path too."""
 
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ def hf_choices(hf_model: PreTrainedModel, ids: list[int]) -> list[torch.Tensor]:
     return [logits.topk(TOP_K, dim=-1).indices for logits in out.router_logits]
 
 
-def assert_matches_hf(hf_model: PreTrainedModel, out_dir: Path, ids: list[int]) -> None:
-    model, config = load_model(out_dir, torch.float32, "cpu")
+def assert_matches_hf(
+    hf_model: PreTrainedModel, out_dir: Path, ids: list[int], model_impl: str = "native"
+) -> None:
+    model, config = load_model(out_dir, torch.float32, "cpu", model_impl=model_impl)
     pool = new_pool(config, len(ids))
     got = model(ForwardBatch.build([ids], [0], [pool.allocate(len(ids))]), pool, all_logits=True)
     with torch.no_grad():
@@ -63,3 +66,14 @@ def test_tokens_spread_over_the_experts(
     for layer_choices in hf_choices(hf_model, ids):
         assert len(set(layer_choices[:, 0].tolist())) >= NUM_EXPERTS - 1  # top-1 spreads
     assert_matches_hf(hf_model, save_checkpoint(hf_model, tmp_path, default_model_dir), ids)
+
+
+@pytest.mark.parametrize("name", MOE_ARCHITECTURES)
+def test_the_transformers_path_serves_them_too(
+    name: str, ids: list[int], tmp_path: Path, default_model_dir: Path
+) -> None:
+    """``--model-impl transformers`` on a natively served MoE: transformers fuses the
+    checkpoint's per-expert tensors on load, and its own MoE block gives HF's logits."""
+    hf_model = build_hf_model(name)
+    out_dir = save_checkpoint(hf_model, tmp_path, default_model_dir)
+    assert_matches_hf(hf_model, out_dir, ids, model_impl="transformers")

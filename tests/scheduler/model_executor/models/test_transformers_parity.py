@@ -1,6 +1,7 @@
 """The transformers path (``--model-impl transformers``) inside the scheduler core, against
 transformers' own float32 forward and ``generate``, on architectures tokenline has no
-native code for (tiny random checkpoints built here: ``tests/tiny_checkpoints.py``).
+native code for (tiny random checkpoints built here: ``tests/tiny_checkpoints.py``), one
+of them a mixture of experts (OLMoE).
 
 Covered per architecture: greedy continuations of mixed-length prompts in one batch equal
 HF ``generate`` (a divergence only where HF's top-2 logits are within 1e-4); the same
@@ -32,7 +33,7 @@ from tests.scheduler.sampling.test_prompt_logprobs import (
     prompt_entries,
     scoring_req,
 )
-from tests.tiny_checkpoints import ARCHITECTURES, build_checkpoint
+from tests.tiny_checkpoints import ARCHITECTURES, MOE_ARCHITECTURES, build_checkpoint
 
 NEW_TOKENS = 8
 ALONE = ("fox", "sys-b")  # one at a time: a plain prompt and the cache sharer
@@ -46,7 +47,7 @@ PROMPTS = {
 SHARER = ("sys-b", SYSTEM + "Name a prime number.")  # arrives later: a radix-cache hit
 
 
-@pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
+@pytest.fixture(scope="module", params=sorted(ARCHITECTURES) + sorted(MOE_ARCHITECTURES))
 def checkpoint(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
@@ -98,7 +99,12 @@ def greedy_tokens(checkpoint: Path, prompts: dict[str, list[int]], arrivals, **c
 def test_loads_through_transformers(checkpoint: Path) -> None:
     model, config = load_model(checkpoint, torch.float32, "cpu")
     assert isinstance(model, TransformersCausalLM)
-    assert config.architecture in {"Olmo2ForCausalLM", "GraniteForCausalLM", "CohereForCausalLM"}
+    assert config.architecture in {
+        "Olmo2ForCausalLM",
+        "GraniteForCausalLM",
+        "CohereForCausalLM",
+        "OlmoeForCausalLM",  # MoE: its per-expert checkpoint tensors fused on load
+    }
 
 
 def test_batched_chunked_and_cached_greedy_match_hf_generate(
