@@ -102,6 +102,9 @@ class Req:
     # Prompt tokens whose KV came from the prefix cache at first admission.
     num_cached_tokens: int = 0
     num_retractions: int = 0
+    # LongRoPE: the length whose factors rotate this request's keys, once it was recomputed
+    # past the original context (``Scheduler._recompute_long``); 0 = its prompt's length.
+    rope_len: int = 0
     arrival: int | None = None  # order among equal priorities; set when first queued
     finish: FinishInfo | None = None
     last_token_time: float | None = None  # wall clock of the newest sampled token

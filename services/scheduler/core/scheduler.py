@@ -102,6 +102,11 @@ class Scheduler:
             hidden_size=runner.model.config.hidden_size,
         )
         self._worker = ForwardWorker(self.executor) if config.overlap_schedule else None
+        scaling = runner.model.config.rope_scaling
+        # LongRoPE (Phi-3): past this many tokens a sequence's keys use the long factors.
+        self._long_rope_from = (
+            scaling.original_max_position_embeddings if scaling.has_long_factors else None
+        )
         self._inflight: InflightStep | None = None  # submitted, not yet committed
         self.grammars = GrammarCompiler(
             stop_checker.tokenizer, runner.vocab_size, stop_checker.eos_token_ids
@@ -299,13 +304,19 @@ class Scheduler:
         # A request whose in-flight token is its last by length is not scheduled again: that
         # row would only be dropped (or run past the context).
         ends = self.stop_checker.reaches_length
-        decodes, prefills = [], []
+        decodes, prefills, crossing = [], [], []
         for r in self.running:
+            if self._passes_original_context(r):
+                crossing.append(r)
+                continue
             num = r.num_uncomputed
             if num > 1:
                 prefills.append(r)
             elif num == 1 and not (r.num_inflight and ends(r, len(r.output_ids) + r.num_inflight)):
                 decodes.append(r)
+        for r in crossing:
+            if not r.num_inflight:  # else its token is not known yet: the next step
+                self._recompute_long(r)
         if len(decodes) <= out.budget and self.kv.can_allocate(len(decodes)):
             self._plan_decodes(out, decodes)  # the common case: room for every decode
         else:
@@ -321,6 +332,34 @@ class Scheduler:
             num = min(req.num_uncomputed, out.budget, self.kv.num_free + self.kv.num_evictable)
             if num > 0:
                 self._plan_chunk(out, req, num)
+
+    def _passes_original_context(self, req: Req) -> bool:
+        """Whether ``req``'s next token is its first past LongRoPE's original context while
+        its keys so far were rotated by the short factors."""
+        limit = self._long_rope_from
+        return (
+            limit is not None
+            and self.kv.tree is None  # a cache would hand the short-factor keys back
+            and (req.rope_len or len(req.input_ids)) <= limit
+            and req.num_computed == limit
+            and req.num_uncomputed == 1
+        )
+
+    def _recompute_long(self, req: Req) -> None:
+        """Send ``req`` back to waiting without its KV, to be prefilled again as one
+        sequence past the original context, every key with the long factors: what HF's
+        ``generate`` does at that token (Phi-3's ``prepare_inputs_for_generation`` drops its
+        cache), so the tokens after it stay HF's. Once per request. The prefix cache is off
+        for LongRoPE checkpoints, so none of the short-factor keys is kept for reuse."""
+        self.running.remove(req)
+        req.rope_len = req.num_computed + req.num_uncomputed
+        self.kv.release(req)
+        req.status = ReqStatus.WAITING
+        req.num_retractions += 1  # resumed, not admitted anew (``_admit``)
+        self.waiting.push(req)
+        logger.info(
+            "rid=%s passed the original context: recomputed with LongRoPE's long factors", req.rid
+        )
 
     def _plan_decodes(self, out: SchedulerOutput, reqs: list[Req]) -> None:
         """``_plan_chunk(out, req, 1)`` for each request, with one allocation. A request

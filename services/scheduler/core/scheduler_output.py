@@ -73,7 +73,7 @@ class SchedulerOutput:
             self.kv_slots,
             self.sample_rows,
             self.prompt_spans,
-            [len(req.input_ids) for req in self.reqs],
+            [req.rope_len or len(req.input_ids) for req in self.reqs],
             self.pool_spans,
         )
 

@@ -99,9 +99,10 @@ class RotaryEmbedding:
         """[T] bool: long factors for the token. HF decides per forward call by its last
         position: a prompt's tokens all by the prompt's length, a decoded token by its own
         position. With prompt lengths known, that is per token and no chunking of the
-        prefill changes it; without them, per request and step. (HF's generate also
-        recomputes a sequence's whole cache when it crosses the original context; we keep
-        the earlier keys: docs/models.md.)"""
+        prefill changes it; without them, per request and step. A sequence that crosses
+        the original context while generating is prefilled again by the scheduler, with
+        the crossing length as its prompt length (``Scheduler._recompute_long``), as HF's
+        generate recomputes its cache there."""
         device = batch.positions.device
         lengths = batch.prompt_lens if batch.prompt_lens is not None else batch.seq_lens
         per_req = torch.tensor(lengths, device=device)

@@ -17,6 +17,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, PreTrainedModel
 
+from services.scheduler.core.output_row import OutputRow
 from services.scheduler.model_executor.forward_batch import ForwardBatch
 from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
 from services.scheduler.model_executor.models.config import ModelConfig
@@ -71,7 +72,7 @@ def prompt_ids(default_model_dir: Path) -> dict[str, list[int]]:
     ids = {n: [0, *tokenizer.encode(t, add_special_tokens=False)] for n, t in PROMPTS.items()}
     # The features need these lengths: windows shorter than all but the shortest prompt,
     # LongRoPE's original context passed by the long prompt and not reached by the others
-    # (a sequence that crosses it while generating is docs/models.md's known difference).
+    # (a sequence that crosses it while generating has a test of its own, at the end).
     assert len(ids["short"]) < SLIDING_WINDOW < len(ids["medium"])
     assert len(ids["medium"]) + NEW_TOKENS <= LONGROPE_ORIGINAL < len(ids["long"])
     return ids
@@ -163,3 +164,52 @@ def test_scheduler_batch_matches_hf(
     together = run_to_completion(scheduler, {0: reqs})
     for name in prompt_ids:
         assert_same_greedy(name, *hf_expected[name], together[name])
+
+
+def test_a_sequence_crossing_longrope_original_context_matches_hf(
+    case: Case, prompt_ids: dict[str, list[int]]
+) -> None:
+    """A prompt below Phi-3's original context that generates past it: HF's ``generate``
+    recomputes the whole cache with the long factors at the crossing, and so does the
+    scheduler (``Scheduler._recompute_long``), alone and batched beside a long prompt and
+    a short one, with chunked prefill. The random model repeats its tokens, so each step's
+    top-5 logprobs are compared too (keeping the short-factor keys moves them by up to 20)."""
+    out, hf_model, _, config = case
+    if not config.rope_scaling.has_long_factors:
+        pytest.skip("only LongRoPE checkpoints switch factors mid-sequence")
+    prompt = prompt_ids["medium"]
+    new_tokens = LONGROPE_ORIGINAL - len(prompt) + 6
+    assert len(prompt) <= LONGROPE_ORIGINAL < len(prompt) + new_tokens - 1  # crosses
+    expected, gaps = hf_greedy(hf_model, prompt, new_tokens)
+    hf_logprobs = hf_step_logprobs(hf_model, prompt, new_tokens)
+    for beside in ((), ("short", "long")):
+        crossing = make_req("crossing", prompt, temperature=0.0, max_new_tokens=new_tokens)
+        crossing.return_logprob, crossing.top_logprobs_num = True, 5
+        reqs = [crossing] + [
+            make_req(n, prompt_ids[n], temperature=0.0, max_new_tokens=NEW_TOKENS) for n in beside
+        ]
+        scheduler = make_scheduler(out, max_num_batched_tokens=16, enable_prefix_cache=False)
+        rows: list[OutputRow] = []
+        got = run_to_completion(scheduler, {0: reqs}, after_step=rows.extend)
+        assert min(gaps) > 0.1  # no HF near-tie on the way: the tokens must be equal
+        assert got["crossing"] == expected, beside
+        steps = [entry for row in rows if row.rid == "crossing" for entry in row.logprobs]
+        assert len(steps) == new_tokens
+        for step, (_, _, top) in enumerate(steps):
+            for token, logprob in top:
+                want = float(hf_logprobs[step][token])
+                assert abs(logprob - want) < LOGPROB_ATOL, (beside, step, token, logprob, want)
+
+
+def hf_step_logprobs(model: PreTrainedModel, prompt: list[int], n: int) -> list[torch.Tensor]:
+    """Per generated token, HF ``generate``'s log-softmax over the vocabulary."""
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
+            do_sample=False,
+            max_new_tokens=n,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    return [step[0].float().log_softmax(-1) for step in out.logits]
