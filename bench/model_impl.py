@@ -20,6 +20,7 @@ from bench.machine import describe, machine_info
 from services.scheduler.mem_cache.kv_pool import KVPool
 from services.scheduler.model_executor.model_runner import ForwardPlan, ModelRunner
 from services.scheduler.model_executor.models.loader import load_model
+from services.scheduler.transport.heap import keep_heap
 
 PATHS = ("native", "transformers")
 
@@ -70,13 +71,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--num-threads", type=int, default=1)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = p.parse_args(argv)
     torch.set_num_threads(args.num_threads)
+    keep_heap()  # as the scheduler's engine process does by default
     num_tokens = max(args.concurrency) * args.prompt_len
-    runners = {path: create_runner(args.model, path, num_tokens) for path in PATHS}
+    dtype = getattr(torch, args.dtype)
+    runners = {path: create_runner(args.model, path, num_tokens, dtype) for path in PATHS}
     cases = {"prefill": prefill_plan(args.prompt_len)}
     cases.update({f"decode C={c}": decode_plan(c, args.prompt_len) for c in args.concurrency})
-    print(describe(machine_info()), f"torch threads {args.num_threads}")
+    print(describe(machine_info()), f"torch threads {args.num_threads}, {args.dtype}")
     for name, plan in cases.items():
         steps = {path: functools.partial(runners[path].run, plan) for path in PATHS}
         ms = median_ms(steps, args.repeats)

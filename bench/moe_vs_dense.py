@@ -24,6 +24,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3Moe
 
 from bench.machine import describe, machine_info
 from bench.model_impl import create_runner, decode_plan, median_ms, prefill_plan
+from services.scheduler.transport.heap import keep_heap
 
 
 def build_checkpoints(root: Path, args: argparse.Namespace) -> dict[str, Path]:
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path("bench/results/moe_vs_dense.json"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.num_threads)
+    keep_heap()  # as the scheduler's engine process does by default
     num_tokens = max(args.concurrency) * args.prompt_len
     with tempfile.TemporaryDirectory() as tmp:
         paths = build_checkpoints(Path(tmp), args)
