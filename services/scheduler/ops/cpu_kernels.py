@@ -1,6 +1,8 @@
 """The engine's C++ kernels, built per machine: the sampler's for plain rows (greedy or
-temperature only) and decode attention (``csrc/decode_attention.cpp``, used by
-``model_executor/attention/torch_backend.py``), compiled into one library.
+temperature only), decode attention (``csrc/decode_attention.cpp``, used by
+``model_executor/attention/torch_backend.py``) and a layer's row-wise element work, RMSNorm
+and SiLU-and-multiply (``csrc/fused_rows.cpp``, used by ``model_executor/models/
+layers.py``), compiled into one library.
 
 A row sampled from the whole softmax (the OpenAI default: temperature only) would need every
 vocabulary entry's ``exp`` to find its inverse CDF. ``csrc/sample_rows.cpp`` draws each row
@@ -59,7 +61,11 @@ logger = logging.getLogger(__name__)
 KERNEL_DIR = "kernels"
 MANIFEST = "manifest.json"
 _CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = (_CSRC / "sample_rows.cpp", _CSRC / "decode_attention.cpp")
+SOURCES = (
+    _CSRC / "sample_rows.cpp",
+    _CSRC / "decode_attention.cpp",
+    _CSRC / "fused_rows.cpp",
+)
 HEADERS = (_CSRC / "float_vec.h",)  # included by the sources: part of the key too
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_PROPOSALS = 256

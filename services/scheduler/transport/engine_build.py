@@ -93,6 +93,7 @@ def build_scheduler(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
         model_impl=impl.path,
         batch_invariant=config.batch_invariant,
         decode_kernel=kernels.decode_attention,
+        row_kernels=kernels.row_kernels,
         quantization=config.quantization,
     )
     logger.info("model %s in %s on %s (%s)", config.model, choice.name, device, choice.reason)
@@ -164,6 +165,7 @@ class Kernels:
 
     sample: SampleKernel | None = None
     decode_attention: bool = False  # ``torch.ops.tokenline.decode_attention`` is loaded
+    row_kernels: bool = False  # ``rms_norm`` and ``silu_and_mul`` (csrc/fused_rows.cpp)
 
 
 def load_kernels(model_dir: str, device: torch.device, kernels_dir: str = "") -> Kernels:
@@ -174,11 +176,12 @@ def load_kernels(model_dir: str, device: torch.device, kernels_dir: str = "") ->
     kernel = SampleKernel.load(model_dir, kernels_dir or None)
     if kernel is None:
         return Kernels()
-    return Kernels(kernel, is_registered("decode_attention"))
+    return Kernels(kernel, is_registered("decode_attention"), is_registered("rms_norm"))
 
 
 def log_kernels(kernels: Kernels, backend: AttentionBackend, model_dir: str) -> None:
-    """Say which of the sampler and decode attention run compiled kernels."""
+    """Say which of the sampler, decode attention and the row-wise ops (RMSNorm,
+    SiLU-and-multiply: native models only) run compiled kernels."""
     if kernels.sample is None:
         logger.info(
             "sampler and decode attention: eager (no compiled kernels for this machine; "
@@ -186,7 +189,8 @@ def log_kernels(kernels: Kernels, backend: AttentionBackend, model_dir: str) -> 
             model_dir,
         )
     elif getattr(backend, "decode_kernel", False):
-        logger.info("sampler and decode attention: compiled kernels")
+        rows = ", RMSNorm and SiLU-and-multiply" if kernels.row_kernels else ""
+        logger.info("sampler, decode attention%s: compiled kernels", rows)
     else:
         logger.info("sampler: compiled plain-row kernel")
 

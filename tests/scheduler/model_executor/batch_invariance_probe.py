@@ -24,6 +24,7 @@ from services.common.sampling_params import SamplingParams
 from services.scheduler.core.req import Req
 from services.scheduler.mem_cache.kv_pool import KVPool
 from services.scheduler.model_executor.model_runner import ForwardPlan, ModelRunner
+from services.scheduler.model_executor.models.layers import use_row_kernels
 from services.scheduler.model_executor.models.loader import load_model
 from services.scheduler.ops.cpu_kernels import SampleKernel, is_registered
 from services.scheduler.sampling.sampler import Sampler
@@ -60,12 +61,15 @@ class Probe:
         model, self.config = load_model(model_dir, dtype, "cpu", batch_invariant=True)
         c = self.config
         pool = KVPool(POOL_TOKENS, c.num_layers, c.num_kv_heads, c.head_dim, dtype)
+        self.model = model
         self.runner = ModelRunner(model, pool, "cpu")
         self.sampler = Sampler()
 
     def use_compiled_kernels(self, kernel: SampleKernel | None) -> None:
-        """The compiled decode attention and sampler (``kernel``), or the eager paths."""
+        """The compiled decode attention, row kernels and sampler (``kernel``), or the
+        eager paths."""
         self.runner.attn_backend.decode_kernel = kernel is not None  # type: ignore[attr-defined]
+        use_row_kernels(self.model, kernel is not None and is_registered("rms_norm"))
         self.sampler.kernel = kernel
 
     def run(self, target: list[int], others: list[list[int]], position: int) -> Trace:

@@ -41,7 +41,11 @@ class StepContext:
 
 
 class RMSNorm(nn.Module):
-    """Llama's RMSNorm: normalise in float32, scale by ``weight`` in the model dtype."""
+    """Llama's RMSNorm: normalise in float32, scale by ``weight`` in the model dtype; in one
+    pass over each row through ``torch.ops.tokenline.rms_norm`` once ``use_row_kernels``
+    has switched it on (``csrc/fused_rows.cpp``: the same roundings)."""
+
+    kernel: bool = False
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -49,6 +53,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel and x.dim() == 2 and x.stride(-1) == 1:
+            return torch.ops.tokenline.rms_norm(x, self.weight, self.eps)  # type: ignore[no-any-return]
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
@@ -124,7 +130,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 class Attention(nn.Module):
     """Self-attention with fused qkv, optional per-head q/k norms (applied before RoPE),
-    an attention window and a choice of RoPE table (Gemma's sliding layers differ)."""
+    an attention window and a choice of RoPE table (Gemma's sliding layers differ). RoPE
+    runs in one pass per tensor (``torch.ops.tokenline.rotary``) once ``use_row_kernels``
+    has switched it on."""
+
+    kernel: bool = False
 
     def __init__(
         self,
@@ -155,7 +165,10 @@ class Attention(nn.Module):
         if self.has_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = ctx.rope[self.rope]
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.kernel:
+            q, k = torch.ops.tokenline.rotary(q, cos, sin), torch.ops.tokenline.rotary(k, cos, sin)
+        else:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = ctx.backend.forward(
             q,
@@ -170,11 +183,16 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """Gated MLP: ``down(act(gate(x)) * up(x))`` with gate and up fused."""
+    """Gated MLP: ``down(act(gate(x)) * up(x))`` with gate and up fused; SiLU-and-multiply
+    in one pass (``torch.ops.tokenline.silu_and_mul``) once ``use_row_kernels`` has switched
+    it on."""
+
+    kernel: bool = False
 
     def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
         self.intermediate_size = intermediate_size or config.intermediate_size
+        self.is_silu = config.hidden_act == "silu"
         self.act = ACTIVATIONS[config.hidden_act]
         self.gate_up_proj = Linear(
             config.hidden_size, 2 * self.intermediate_size, bias=config.mlp_bias
@@ -182,8 +200,28 @@ class MLP(nn.Module):
         self.down_proj = Linear(self.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.kernel:
+            return self.down_proj(torch.ops.tokenline.silu_and_mul(gate_up))  # type: ignore[no-any-return]
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(self.act(gate) * up)
+
+
+def use_row_kernels(model: nn.Module, enabled: bool = True) -> int:
+    """Switch ``model``'s RMSNorms (Llama's, not Gemma's ``1 + weight`` one), RoPE and SiLU
+    MLPs to the compiled row kernels, or back to eager; returns how many modules it
+    switched. For the CPU only, once the kernel library is loaded (``cpu_kernels.py``)."""
+    count = 0
+    for module in model.modules():
+        if not isinstance(module, (RMSNorm, MLP, Attention)):
+            continue
+        if isinstance(module, RMSNorm) and type(module) is not RMSNorm:
+            continue  # a subclass normalises otherwise (Gemma's)
+        if isinstance(module, MLP) and not module.is_silu:
+            continue
+        module.kernel = enabled
+        count += 1
+    return count
 
 
 class DecoderLayer(nn.Module):

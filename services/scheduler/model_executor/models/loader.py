@@ -25,6 +25,7 @@ from services.scheduler.model_executor.attention import create_attention_backend
 from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
 from services.scheduler.model_executor.models.config import ModelConfig
 from services.scheduler.model_executor.models.dtype import choose_dtype
+from services.scheduler.model_executor.models.layers import use_row_kernels
 from services.scheduler.model_executor.models.linear import prepare_linears
 from services.scheduler.model_executor.models.model_impl import resolve_model_impl
 from services.scheduler.model_executor.models.quantization import (
@@ -63,6 +64,7 @@ def load_model(
     batch_invariant: bool = False,
     decode_kernel: bool = False,
     quantization: str = "none",
+    row_kernels: bool = False,
 ) -> tuple[NativeCausalLM | TransformersCausalLM, ModelConfig]:
     """Build the model for ``model_dir`` on ``device`` with its weights loaded, in eval mode,
     on the path ``model_impl`` (auto, native, transformers: ``model_impl.py``) picks.
@@ -71,6 +73,8 @@ def load_model(
     ``batch_invariant``: each row's result independent of the rest of its batch, at a cost
     (``linear.py``, ``torch_backend.py``). ``decode_kernel``: the compiled CPU decode
     attention kernel is loaded, for the backend to call (``torch_backend.py``).
+    ``row_kernels``: the compiled RMSNorm and SiLU-and-multiply are loaded, and the native
+    layers call them (``layers.use_row_kernels``; the transformers path keeps its own).
     ``quantization`` "int8": weight-only int8 (``quantization.py``). Raises
     ``UnsupportedModelError`` (one line) for a checkpoint the chosen path cannot run,
     ``QuantizationError`` (one line) for a quantization it cannot.
@@ -101,6 +105,8 @@ def load_model(
     if quantization == "int8":
         logger.info("model %s: %s", model_dir.name, quantize_model(model, batch_invariant))
     linears = prepare_linears(model, device, chosen, batch_invariant)  # packing, row buckets
+    if row_kernels and device.type == "cpu":
+        use_row_kernels(model)
     logger.info(
         "model %s (%s): %s on %s, linear layers %s",
         model_dir.name,
