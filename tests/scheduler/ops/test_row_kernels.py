@@ -16,9 +16,9 @@ from services.scheduler.model_executor.models.layers import (
     Attention,
     RMSNorm,
     apply_rotary,
-    use_row_kernels,
 )
 from services.scheduler.model_executor.models.loader import load_model
+from services.scheduler.model_executor.models.row_kernels import use_row_kernels
 from services.scheduler.ops.cpu_kernels import is_registered
 from tests.scheduler.conftest import needs_compiler
 from tests.scheduler.parity import new_pool

@@ -207,23 +207,6 @@ class MLP(nn.Module):
         return self.down_proj(self.act(gate) * up)
 
 
-def use_row_kernels(model: nn.Module, enabled: bool = True) -> int:
-    """Switch ``model``'s RMSNorms (Llama's, not Gemma's ``1 + weight`` one), RoPE and SiLU
-    MLPs to the compiled row kernels, or back to eager; returns how many modules it
-    switched. For the CPU only, once the kernel library is loaded (``cpu_kernels.py``)."""
-    count = 0
-    for module in model.modules():
-        if not isinstance(module, (RMSNorm, MLP, Attention)):
-            continue
-        if isinstance(module, RMSNorm) and type(module) is not RMSNorm:
-            continue  # a subclass normalises otherwise (Gemma's)
-        if isinstance(module, MLP) and not module.is_silu:
-            continue
-        module.kernel = enabled
-        count += 1
-    return count
-
-
 class DecoderLayer(nn.Module):
     """Pre-norm residual block: attention, then the MLP (dense or experts)."""
 

@@ -25,7 +25,6 @@ from services.scheduler.model_executor.attention import create_attention_backend
 from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
 from services.scheduler.model_executor.models.config import ModelConfig
 from services.scheduler.model_executor.models.dtype import choose_dtype
-from services.scheduler.model_executor.models.layers import use_row_kernels
 from services.scheduler.model_executor.models.linear import prepare_linears
 from services.scheduler.model_executor.models.model_impl import resolve_model_impl
 from services.scheduler.model_executor.models.quantization import (
@@ -33,6 +32,7 @@ from services.scheduler.model_executor.models.quantization import (
     quantize_model,
 )
 from services.scheduler.model_executor.models.registry import NATIVE_MODELS, check_native_support
+from services.scheduler.model_executor.models.row_kernels import use_row_kernels
 
 if TYPE_CHECKING:
     from services.scheduler.model_executor.models.transformers_model import TransformersCausalLM
@@ -74,7 +74,7 @@ def load_model(
     (``linear.py``, ``torch_backend.py``). ``decode_kernel``: the compiled CPU decode
     attention kernel is loaded, for the backend to call (``torch_backend.py``).
     ``row_kernels``: the compiled RMSNorm and SiLU-and-multiply are loaded, and the native
-    layers call them (``layers.use_row_kernels``; the transformers path keeps its own).
+    layers call them (``row_kernels.py``; the transformers path keeps its own).
     ``quantization`` "int8": weight-only int8 (``quantization.py``). Raises
     ``UnsupportedModelError`` (one line) for a checkpoint the chosen path cannot run,
     ``QuantizationError`` (one line) for a quantization it cannot.

@@ -25,7 +25,11 @@ from services.scheduler.model_executor.models.linear import Linear, RowShaped
 
 
 class Experts(nn.Module, RowShaped):
-    """``num_experts`` gated MLPs: ``gate_up_proj`` [E, 2 * I, H], ``down_proj`` [E, H, I]."""
+    """``num_experts`` gated MLPs: ``gate_up_proj`` [E, 2 * I, H], ``down_proj`` [E, H, I].
+    SiLU-and-multiply through ``torch.ops.tokenline.silu_and_mul`` once ``use_row_kernels``
+    has switched it on."""
+
+    kernel: bool = False
 
     def __init__(self, config: ModelConfig, moe: MoeConfig) -> None:
         super().__init__()
@@ -39,6 +43,7 @@ class Experts(nn.Module, RowShaped):
         self.gate_up_proj = nn.Parameter(torch.empty(moe.num_experts, 2 * size, hidden))
         self.down_proj = nn.Parameter(torch.empty(moe.num_experts, hidden, size))
         self.act = ACTIVATIONS[config.hidden_act]
+        self.is_silu = config.hidden_act == "silu"
 
     def forward(
         self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
@@ -67,12 +72,16 @@ class Experts(nn.Module, RowShaped):
             return down_int8.matmul(self.act(gate) * up)
         if self.packed is not None:
             gate_up_packed, down_packed = self.packed[expert]
-            gate_up = self.matmul_rows(x, gate_up_packed, None)
-            gate, up = gate_up.split(self.intermediate_size, dim=-1)
-            return self.matmul_rows(self.act(gate) * up, down_packed, None)
-        gate_up = self.matmul_rows(x, None, self.gate_up_proj[expert])
+            hidden = self._activate(self.matmul_rows(x, gate_up_packed, None))
+            return self.matmul_rows(hidden, down_packed, None)
+        hidden = self._activate(self.matmul_rows(x, None, self.gate_up_proj[expert]))
+        return self.matmul_rows(hidden, None, self.down_proj[expert])
+
+    def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.kernel:
+            return torch.ops.tokenline.silu_and_mul(gate_up)  # type: ignore[no-any-return]
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        return self.matmul_rows(self.act(gate) * up, None, self.down_proj[expert])
+        return self.act(gate) * up
 
     @property
     def quantized_weights(self) -> bool:

@@ -4,13 +4,17 @@ bits alone and in a batch that spreads over the experts."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from services.scheduler.model_executor.models.config import ModelConfig
 from services.scheduler.model_executor.models.linear import can_pack, prepare_linears
 from services.scheduler.model_executor.models.moe import Experts
+from services.scheduler.model_executor.models.row_kernels import use_row_kernels
 from tests.checkpoints import build_hf_model
+from tests.scheduler.conftest import needs_compiler
 
 CPU = torch.device("cpu")
 TOKENS = 40
@@ -71,3 +75,20 @@ def test_batch_invariant_experts_give_a_token_the_same_bits_in_any_batch(
             x[token : token + 1], expert_ids[token : token + 1], weights[token : token + 1]
         )
         assert torch.equal(alone[0], batch[token]), f"token {token} depends on its batch"
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_experts_on_the_row_kernel_give_the_eager_result(
+    dtype: torch.dtype, kernel_model_dir: Path
+) -> None:
+    """SiLU-and-multiply through ``torch.ops.tokenline.silu_and_mul`` (the library is
+    loaded by ``kernel_model_dir``), on the packed experts as served."""
+    experts = random_experts(dtype)
+    x, expert_ids, weights = routed_tokens(experts, dtype)
+    prepare_linears(experts, CPU, dtype)
+    expected = experts(x, expert_ids, weights).float()
+    assert use_row_kernels(experts) == 1 and experts.kernel
+    tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-5
+    got = experts(x, expert_ids, weights).float()
+    torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
