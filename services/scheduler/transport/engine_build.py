@@ -189,7 +189,7 @@ def log_kernels(kernels: Kernels, backend: AttentionBackend, model_dir: str) -> 
             model_dir,
         )
     elif getattr(backend, "decode_kernel", False):
-        rows = ", RMSNorm and SiLU-and-multiply" if kernels.row_kernels else ""
+        rows = ", RMSNorm, RoPE and SiLU-and-multiply" if kernels.row_kernels else ""
         logger.info("sampler, decode attention%s: compiled kernels", rows)
     else:
         logger.info("sampler: compiled plain-row kernel")
