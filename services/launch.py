@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
+import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -44,16 +47,50 @@ _PROBE_OPTIONS = (
 )
 
 
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands out by itself (Linux's setting; 32768 elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_UNEPHEMERAL_PORTS = (10240, max(_ephemeral_floor(), 10240 + 2 * 256))
+_PORT_BLOCK = 256
+_PORT_WALK = itertools.count()
+_PICK_LOCK = threading.Lock()
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct loopback ports free right now. Every socket stays bound until
-    all are picked: bound and closed one at a time, the kernel may hand out the same port
-    twice, and two gRPC servers on one port both bind it (SO_REUSEPORT) and split its
-    calls between them."""
-    with contextlib.ExitStack() as held:
-        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
+    """``count`` distinct loopback ports free right now, for services started next.
+
+    Picked below the kernel's ephemeral range: a port handed out by ``bind(0)`` comes from
+    that range, and between its pick and the service's own bind, any outgoing connection
+    (a gRPC client of the same stack dialling its detokenizer) may take it as its local
+    port (seen in CI: a detokenizer's metrics port, EADDRINUSE). Each process walks a block
+    of its own (by PID) so concurrent pickers rarely meet, and every socket stays bound
+    until all are picked: bound and closed one at a time, the same port could come twice,
+    and two gRPC servers on one port both bind it (SO_REUSEPORT) and split its calls."""
+    with _PICK_LOCK, contextlib.ExitStack() as held:
+        ports: list[int] = []
+        low, high = _UNEPHEMERAL_PORTS
+        block = low + (os.getpid() * _PORT_BLOCK) % max(high - low - _PORT_BLOCK, 1)
+        for _ in range(_PORT_BLOCK):
+            if len(ports) == count:
+                return ports
+            port = block + next(_PORT_WALK) % _PORT_BLOCK
+            sock = held.enter_context(socket.socket())
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # in use (or lingering in TIME_WAIT): the next one
+                continue
+            ports.append(port)
+        # A crowded block: let the kernel pick the rest from its own range.
+        while len(ports) < count:
+            sock = held.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+        return ports
 
 
 def free_port() -> int:

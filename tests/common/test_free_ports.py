@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 from dataclasses import astuple
 
-from services.launch import StackPorts, free_ports
+from services.launch import StackPorts, _ephemeral_floor, free_ports
 
 
 def test_ports_picked_together_are_distinct_and_bindable() -> None:
@@ -21,3 +21,17 @@ def test_a_free_stack_has_no_port_twice() -> None:
     for _ in range(20):
         ports = astuple(StackPorts.free())
         assert len(set(ports)) == len(ports)
+
+
+def test_ports_come_from_below_the_kernels_ephemeral_range() -> None:
+    """An outgoing connection's local port comes from the ephemeral range; a port picked
+    there may be taken by one before its service binds it (seen in CI: EADDRINUSE)."""
+    floor = _ephemeral_floor()
+    assert all(port < floor for port in free_ports(64))
+
+
+def test_many_picks_in_one_process_do_not_repeat_a_port_soon() -> None:
+    """Stacks started side by side (three at once in one test) each get their own ports,
+    though each pick releases its sockets before the services bind them."""
+    picks = [port for _ in range(30) for port in free_ports(7)]
+    assert len(set(picks)) == len(picks)

@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 from services.scheduler.mem_cache.kv_pool import KVPool
 from services.scheduler.model_executor.forward_batch import ForwardBatch
 from services.scheduler.model_executor.models.config import ModelConfig
-from services.scheduler.model_executor.models.standalone_step import StandaloneStep
+from services.scheduler.model_executor.standalone_step import StandaloneStep
 
 NEAR_TIE = 1e-4
 # Logits here span about +-40; float32 matmuls blocked differently for different batch

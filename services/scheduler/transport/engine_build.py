@@ -23,6 +23,7 @@ from services.scheduler.model_executor.models.config import ModelConfig
 from services.scheduler.model_executor.models.dtype import choose_dtype
 from services.scheduler.model_executor.models.loader import load_model
 from services.scheduler.model_executor.models.model_impl import resolve_model_impl
+from services.scheduler.model_executor.row_kernels import use_row_kernels
 from services.scheduler.ops.cpu_kernels import (
     SampleKernel,
     first_library,
@@ -93,10 +94,11 @@ def build_scheduler(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
         model_impl=impl.path,
         batch_invariant=config.batch_invariant,
         decode_kernel=kernels.decode_attention,
-        row_kernels=kernels.row_kernels,
         quantization=config.quantization,
     )
     logger.info("model %s in %s on %s (%s)", config.model, choice.name, device, choice.reason)
+    if kernels.row_kernels:
+        use_row_kernels(model)  # a native model's norms, RoPE and MLPs; transformers' keep theirs
     if device.type == "cpu":
         log_kernels(kernels, model.attn_backend, config.model)
     kv_pool = create_kv_pool(config, model_config, choice.dtype, device)

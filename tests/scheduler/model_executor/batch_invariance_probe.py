@@ -25,7 +25,7 @@ from services.scheduler.core.req import Req
 from services.scheduler.mem_cache.kv_pool import KVPool
 from services.scheduler.model_executor.model_runner import ForwardPlan, ModelRunner
 from services.scheduler.model_executor.models.loader import load_model
-from services.scheduler.model_executor.models.row_kernels import use_row_kernels
+from services.scheduler.model_executor.row_kernels import use_row_kernels
 from services.scheduler.ops.cpu_kernels import SampleKernel, is_registered
 from services.scheduler.sampling.sampler import Sampler
 

@@ -18,7 +18,7 @@ from services.scheduler.model_executor.models.layers import (
     apply_rotary,
 )
 from services.scheduler.model_executor.models.loader import load_model
-from services.scheduler.model_executor.models.row_kernels import use_row_kernels
+from services.scheduler.model_executor.row_kernels import use_row_kernels
 from services.scheduler.ops.cpu_kernels import is_registered
 from tests.scheduler.conftest import needs_compiler
 from tests.scheduler.parity import new_pool
@@ -110,9 +110,10 @@ def test_bad_input_is_refused_with_the_reason() -> None:
 
 
 def test_a_model_on_the_row_kernels_gives_the_eager_logits(kernel_model_dir: Path) -> None:
-    model, config = load_model(kernel_model_dir, torch.float32, "cpu", row_kernels=True)
+    model, config = load_model(kernel_model_dir, torch.float32, "cpu")
     switched = [m for m in model.modules() if isinstance(m, (RMSNorm, MLP, Attention))]
-    assert switched and all(m.kernel for m in switched)
+    assert use_row_kernels(model) == len(switched) > 0
+    assert all(m.kernel for m in switched)
     prompt = list(range(10, 60))
 
     def logits() -> torch.Tensor:

@@ -26,7 +26,7 @@ from services.scheduler.model_executor.models.layers import (
 )
 from services.scheduler.model_executor.models.linear import Linear
 from services.scheduler.model_executor.models.rope import RopeScaling
-from services.scheduler.model_executor.models.standalone_step import StandaloneStep
+from services.scheduler.model_executor.standalone_step import StandaloneStep
 
 
 class NativeCausalLM(StandaloneStep):

@@ -32,7 +32,6 @@ from services.scheduler.model_executor.models.quantization import (
     quantize_model,
 )
 from services.scheduler.model_executor.models.registry import NATIVE_MODELS, check_native_support
-from services.scheduler.model_executor.models.row_kernels import use_row_kernels
 
 if TYPE_CHECKING:
     from services.scheduler.model_executor.models.transformers_model import TransformersCausalLM
@@ -64,7 +63,6 @@ def load_model(
     batch_invariant: bool = False,
     decode_kernel: bool = False,
     quantization: str = "none",
-    row_kernels: bool = False,
 ) -> tuple[NativeCausalLM | TransformersCausalLM, ModelConfig]:
     """Build the model for ``model_dir`` on ``device`` with its weights loaded, in eval mode,
     on the path ``model_impl`` (auto, native, transformers: ``model_impl.py``) picks.
@@ -73,8 +71,6 @@ def load_model(
     ``batch_invariant``: each row's result independent of the rest of its batch, at a cost
     (``linear.py``, ``torch_backend.py``). ``decode_kernel``: the compiled CPU decode
     attention kernel is loaded, for the backend to call (``torch_backend.py``).
-    ``row_kernels``: the compiled RMSNorm and SiLU-and-multiply are loaded, and the native
-    layers call them (``row_kernels.py``; the transformers path keeps its own).
     ``quantization`` "int8": weight-only int8 (``quantization.py``). Raises
     ``UnsupportedModelError`` (one line) for a checkpoint the chosen path cannot run,
     ``QuantizationError`` (one line) for a quantization it cannot.
@@ -105,8 +101,6 @@ def load_model(
     if quantization == "int8":
         logger.info("model %s: %s", model_dir.name, quantize_model(model, batch_invariant))
     linears = prepare_linears(model, device, chosen, batch_invariant)  # packing, row buckets
-    if row_kernels and device.type == "cpu":
-        use_row_kernels(model)
     logger.info(
         "model %s (%s): %s on %s, linear layers %s",
         model_dir.name,

@@ -45,7 +45,7 @@ from services.scheduler.model_executor.attention.base import AttentionBackend, A
 from services.scheduler.model_executor.forward_batch import ForwardBatch
 from services.scheduler.model_executor.models.config import ModelConfig, RopeScaling
 from services.scheduler.model_executor.models.model_impl import UnsupportedModelError
-from services.scheduler.model_executor.models.standalone_step import StandaloneStep
+from services.scheduler.model_executor.standalone_step import StandaloneStep
 
 logger = logging.getLogger(__name__)
 

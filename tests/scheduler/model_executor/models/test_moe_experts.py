@@ -12,7 +12,7 @@ import torch
 from services.scheduler.model_executor.models.config import ModelConfig
 from services.scheduler.model_executor.models.linear import can_pack, prepare_linears
 from services.scheduler.model_executor.models.moe import Experts
-from services.scheduler.model_executor.models.row_kernels import use_row_kernels
+from services.scheduler.model_executor.row_kernels import use_row_kernels
 from tests.checkpoints import build_hf_model
 from tests.scheduler.conftest import needs_compiler
 
