@@ -7,6 +7,8 @@ flip), after which the sequences are no longer comparable.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import PreTrainedModel
 
@@ -40,10 +42,10 @@ def our_greedy(model: StandaloneStep, config: ModelConfig, prompt: list[int], n:
         logits = model(batch, pool)
 
 
-def hf_greedy(model: PreTrainedModel, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    """HF greedy tokens and, per step, the gap between its top-2 raw logits."""
+def hf_generate(model: PreTrainedModel, prompt: list[int], n: int) -> Any:
+    """HF ``generate``, greedy, ``n`` new tokens, with each step's raw logits kept."""
     with torch.no_grad():
-        out = model.generate(
+        return model.generate(
             torch.tensor([prompt]),
             attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
             do_sample=False,
@@ -51,8 +53,18 @@ def hf_greedy(model: PreTrainedModel, prompt: list[int], n: int) -> tuple[list[i
             output_logits=True,
             return_dict_in_generate=True,
         )
+
+
+def hf_greedy(model: PreTrainedModel, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """HF greedy tokens and, per step, the gap between its top-2 raw logits."""
+    out = hf_generate(model, prompt, n)
     gaps = [float(step[0].topk(2).values[0] - step[0].topk(2).values[1]) for step in out.logits]
     return out.sequences[0, len(prompt) :].tolist(), gaps
+
+
+def hf_step_logprobs(model: PreTrainedModel, prompt: list[int], n: int) -> list[torch.Tensor]:
+    """Per generated token, HF ``generate``'s log-softmax over the vocabulary."""
+    return [step[0].float().log_softmax(-1) for step in hf_generate(model, prompt, n).logits]
 
 
 def assert_same_greedy(label: str, expected: list[int], gaps: list[float], got: list[int]) -> None:

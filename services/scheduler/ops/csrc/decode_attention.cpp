@@ -10,6 +10,7 @@
 // float32: scores for the head group's queries, their softmax, the weighted sum of values.
 // Grouped-query attention is the head group: query head h reads kv head h / (H / kv_heads).
 
+#include <ATen/Dispatch_v2.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/functional.h>
@@ -183,19 +184,10 @@ at::Tensor decode_attention(
     }
   }
   at::Tensor out = at::empty(q.sizes(), q.options());
-  switch (q.scalar_type()) {
-    case at::kFloat:
-      run<float>(q, k_buf, v_buf, slots, seq_lens, scale, out);
-      break;
-    case at::kBFloat16:
-      run<at::BFloat16>(q, k_buf, v_buf, slots, seq_lens, scale, out);
-      break;
-    case at::kHalf:
-      run<at::Half>(q, k_buf, v_buf, slots, seq_lens, scale, out);
-      break;
-    default:
-      TORCH_CHECK(false, "decode_attention: float32, bfloat16 or float16");
-  }
+  AT_DISPATCH_V2(
+      q.scalar_type(), "decode_attention",
+      AT_WRAP([&] { run<scalar_t>(q, k_buf, v_buf, slots, seq_lens, scale, out); }), at::kFloat,
+      at::kBFloat16, at::kHalf);
   return out;
 }
 

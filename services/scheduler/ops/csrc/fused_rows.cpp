@@ -12,6 +12,7 @@
 // float32 sums and exponentials. Each row is computed alone and in the same order whatever
 // the row count: batch-invariant.
 
+#include <ATen/Dispatch_v2.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/functional.h>
@@ -208,23 +209,12 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "rms_norm: x and weight share a dtype");
   at::Tensor out = at::empty(x.sizes(), x.options());
   const auto e = static_cast<float>(eps);
-  switch (x.scalar_type()) {
-    case at::kFloat:
-      rms_norm_rows<float>(x.data_ptr<float>(), x.size(0), x.stride(0), x.size(1),
-                           weight.data_ptr<float>(), e, out.data_ptr<float>());
-      break;
-    case at::kBFloat16:
-      rms_norm_rows<at::BFloat16>(x.data_ptr<at::BFloat16>(), x.size(0), x.stride(0),
-                                  x.size(1), weight.data_ptr<at::BFloat16>(), e,
-                                  out.data_ptr<at::BFloat16>());
-      break;
-    case at::kHalf:
-      rms_norm_rows<at::Half>(x.data_ptr<at::Half>(), x.size(0), x.stride(0), x.size(1),
-                              weight.data_ptr<at::Half>(), e, out.data_ptr<at::Half>());
-      break;
-    default:
-      TORCH_CHECK(false, "rms_norm: float32, bfloat16 or float16");
-  }
+  AT_DISPATCH_V2(
+      x.scalar_type(), "rms_norm", AT_WRAP([&] {
+        rms_norm_rows<scalar_t>(x.data_ptr<scalar_t>(), x.size(0), x.stride(0), x.size(1),
+                                weight.data_ptr<scalar_t>(), e, out.data_ptr<scalar_t>());
+      }),
+      at::kFloat, at::kBFloat16, at::kHalf);
   return out;
 }
 
@@ -234,22 +224,12 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
   TORCH_CHECK(x.size(1) % 2 == 0, "silu_and_mul: the width holds gate and up halves");
   const int64_t half = x.size(1) / 2;
   at::Tensor out = at::empty({x.size(0), half}, x.options());
-  switch (x.scalar_type()) {
-    case at::kFloat:
-      silu_and_mul_rows<float>(x.data_ptr<float>(), x.size(0), x.stride(0), half,
-                               out.data_ptr<float>());
-      break;
-    case at::kBFloat16:
-      silu_and_mul_rows<at::BFloat16>(x.data_ptr<at::BFloat16>(), x.size(0), x.stride(0), half,
-                                      out.data_ptr<at::BFloat16>());
-      break;
-    case at::kHalf:
-      silu_and_mul_rows<at::Half>(x.data_ptr<at::Half>(), x.size(0), x.stride(0), half,
-                                  out.data_ptr<at::Half>());
-      break;
-    default:
-      TORCH_CHECK(false, "silu_and_mul: float32, bfloat16 or float16");
-  }
+  AT_DISPATCH_V2(
+      x.scalar_type(), "silu_and_mul", AT_WRAP([&] {
+        silu_and_mul_rows<scalar_t>(x.data_ptr<scalar_t>(), x.size(0), x.stride(0), half,
+                                    out.data_ptr<scalar_t>());
+      }),
+      at::kFloat, at::kBFloat16, at::kHalf);
   return out;
 }
 
@@ -267,26 +247,13 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
               "rotary: x, cos and sin share a dtype");
   at::Tensor out = at::empty(x.sizes(), x.options());
-  switch (x.scalar_type()) {
-    case at::kFloat:
-      rotary_rows<float>(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0), x.stride(1),
-                         x.size(2), cos.data_ptr<float>(), sin.data_ptr<float>(), cos.size(1),
-                         out.data_ptr<float>());
-      break;
-    case at::kBFloat16:
-      rotary_rows<at::BFloat16>(x.data_ptr<at::BFloat16>(), x.size(0), x.size(1), x.stride(0),
-                                x.stride(1), x.size(2), cos.data_ptr<at::BFloat16>(),
-                                sin.data_ptr<at::BFloat16>(), cos.size(1),
-                                out.data_ptr<at::BFloat16>());
-      break;
-    case at::kHalf:
-      rotary_rows<at::Half>(x.data_ptr<at::Half>(), x.size(0), x.size(1), x.stride(0),
-                            x.stride(1), x.size(2), cos.data_ptr<at::Half>(),
-                            sin.data_ptr<at::Half>(), cos.size(1), out.data_ptr<at::Half>());
-      break;
-    default:
-      TORCH_CHECK(false, "rotary: float32, bfloat16 or float16");
-  }
+  AT_DISPATCH_V2(
+      x.scalar_type(), "rotary", AT_WRAP([&] {
+        rotary_rows<scalar_t>(x.data_ptr<scalar_t>(), x.size(0), x.size(1), x.stride(0),
+                              x.stride(1), x.size(2), cos.data_ptr<scalar_t>(),
+                              sin.data_ptr<scalar_t>(), cos.size(1), out.data_ptr<scalar_t>());
+      }),
+      at::kFloat, at::kBFloat16, at::kHalf);
   return out;
 }
 

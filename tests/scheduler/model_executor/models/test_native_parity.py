@@ -36,6 +36,7 @@ from tests.scheduler.parity import (
     assert_mixed_batch_matches_alone,
     assert_same_greedy,
     hf_greedy,
+    hf_step_logprobs,
     new_pool,
     our_greedy,
 )
@@ -199,17 +200,3 @@ def test_a_sequence_crossing_longrope_original_context_matches_hf(
             for token, logprob in top:
                 want = float(hf_logprobs[step][token])
                 assert abs(logprob - want) < LOGPROB_ATOL, (beside, step, token, logprob, want)
-
-
-def hf_step_logprobs(model: PreTrainedModel, prompt: list[int], n: int) -> list[torch.Tensor]:
-    """Per generated token, HF ``generate``'s log-softmax over the vocabulary."""
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
-            do_sample=False,
-            max_new_tokens=n,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-    return [step[0].float().log_softmax(-1) for step in out.logits]
