@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from services.scheduler.model_executor.models.linear import (
+    SLOW_BAND,
     Linear,
     can_pack,
     prepare_linears,
@@ -113,3 +114,22 @@ def test_fp16_on_cpu_is_padded_and_cuda_is_left_plain() -> None:
     assert not any(m.pad_rows or m.packed_weight is not None for m in model)
     assert prepare_linears(model, CPU, torch.float16) == "padded"
     assert all(m.pad_rows and m.packed_weight is None and m.weight is not None for m in model)
+
+
+@pytest.mark.parametrize(("in_width", "out_width"), [(192, 64), (64, 512)])
+def test_a_packed_linear_in_the_slow_band_gives_the_dense_result(
+    in_width: int, out_width: int
+) -> None:
+    """A chunk of 513-1,280 rows through a narrow projection runs in 512-row slices
+    (``SLOW_BAND``); a wide one whole. Either way the rows get the dense layer's result."""
+    if not can_pack(CPU, torch.bfloat16):
+        pytest.skip("this CPU or torch build does not pack bf16 weights for oneDNN")
+    torch.manual_seed(3)
+    layer = Linear(in_width, out_width, bias=True, dtype=torch.bfloat16)
+    x = torch.randn(1000, in_width, dtype=torch.bfloat16)
+    expected = layer(x).float()
+    prepare_linears(layer, CPU, torch.bfloat16)
+    assert row_bucket(1000) in range(SLOW_BAND[0], SLOW_BAND[1] + 1)
+    got = layer(x)
+    assert got.shape == (1000, out_width)
+    torch.testing.assert_close(got.float(), expected, rtol=1e-2, atol=2e-2)
