@@ -167,7 +167,7 @@ class Kernels:
 
     sample: SampleKernel | None = None
     decode_attention: bool = False  # ``torch.ops.tokenline.decode_attention`` is loaded
-    row_kernels: bool = False  # ``rms_norm`` and ``silu_and_mul`` (csrc/fused_rows.cpp)
+    row_kernels: bool = False  # ``rms_norm``, ``rotary``, ``silu_and_mul`` (csrc/fused_rows.cpp)
 
 
 def load_kernels(model_dir: str, device: torch.device, kernels_dir: str = "") -> Kernels:
@@ -182,7 +182,7 @@ def load_kernels(model_dir: str, device: torch.device, kernels_dir: str = "") ->
 
 
 def log_kernels(kernels: Kernels, backend: AttentionBackend, model_dir: str) -> None:
-    """Say which of the sampler, decode attention and the row-wise ops (RMSNorm,
+    """Say which of the sampler, decode attention and the row-wise ops (RMSNorm, RoPE,
     SiLU-and-multiply: native models only) run compiled kernels."""
     if kernels.sample is None:
         logger.info(

@@ -200,11 +200,23 @@ class MLP(nn.Module):
         self.down_proj = Linear(self.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        if self.kernel:
-            return self.down_proj(torch.ops.tokenline.silu_and_mul(gate_up))  # type: ignore[no-any-return]
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        return self.down_proj(self.act(gate) * up)
+        hidden = gated(self.gate_up_proj(x), self.act, self.intermediate_size, self.kernel)
+        return self.down_proj(hidden)
+
+
+def gated(
+    gate_up: torch.Tensor,
+    act: Callable[[torch.Tensor], torch.Tensor],
+    intermediate_size: int,
+    kernel: bool,
+) -> torch.Tensor:
+    """``act(gate) * up`` of a fused gate/up projection's output [rows, 2 * I]; through the
+    compiled SiLU-and-multiply when ``kernel`` (a SiLU module switched on by
+    ``use_row_kernels``). Dense MLPs and MoE experts share it."""
+    if kernel:
+        return torch.ops.tokenline.silu_and_mul(gate_up)  # type: ignore[no-any-return]
+    gate, up = gate_up.split(intermediate_size, dim=-1)
+    return act(gate) * up
 
 
 class DecoderLayer(nn.Module):

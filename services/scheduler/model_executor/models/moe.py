@@ -20,7 +20,7 @@ from torch import nn
 
 from services.scheduler.model_executor.models.config import ModelConfig, MoeConfig
 from services.scheduler.model_executor.models.int8_weight import Int8Weight
-from services.scheduler.model_executor.models.layers import ACTIVATIONS, MLP
+from services.scheduler.model_executor.models.layers import ACTIVATIONS, MLP, gated
 from services.scheduler.model_executor.models.linear import Linear, RowShaped
 
 
@@ -77,10 +77,7 @@ class Experts(nn.Module, RowShaped):
         return self.matmul_rows(hidden, None, self.down_proj[expert])
 
     def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
-        if self.kernel:
-            return torch.ops.tokenline.silu_and_mul(gate_up)  # type: ignore[no-any-return]
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        return self.act(gate) * up
+        return gated(gate_up, self.act, self.intermediate_size, self.kernel)
 
     @property
     def quantized_weights(self) -> bool:
