@@ -10,6 +10,7 @@ import pytest
 from bench.serve.servers import ServerStartError, TokenlineServer, TransformersServer
 
 
+@pytest.mark.live  # starts `transformers serve`
 def test_transformers_serve_that_cannot_load_says_why(tmp_path: Path) -> None:
     empty_model_dir = tmp_path / "not-a-model"
     empty_model_dir.mkdir()

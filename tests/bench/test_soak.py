@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from bench import soak
 from bench.soak_client import Choice, RequestSpec, Tally, check_choices, pick_spec
 
@@ -44,6 +46,7 @@ def test_the_mix_is_seeded_and_holds_every_kind() -> None:
     assert any(s.stop for s in specs) and any(s.greedy for s in specs)
 
 
+@pytest.mark.live  # a real four-process stack
 def test_tiny_soak_counts_every_request_and_leaves_nothing_live(
     default_model_dir: Path, tmp_path: Path
 ) -> None:

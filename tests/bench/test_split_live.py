@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench import split
 
 
+@pytest.mark.live  # a real four-process stack and an engine process
 def test_a_short_run_reports_the_ratio_and_each_process_cpu(
     default_model_dir: Path, tmp_path: Path
 ) -> None:
