@@ -2,9 +2,10 @@
 # Both set everything up themselves (.venv, generated stubs, the default model).
 
 PYTHON ?= python3
-# Python caches compiled bytecode in __pycache__ (gitignored) even where the environment says
-# not to: the suite starts dozens of four-process stacks, and without the cache each process compiles
-# our sources again (a stack start 6.0 -> 5.2 CPU-s, a worker's collection 19.5 -> 13.7 s).
+# Python caches compiled bytecode in __pycache__ (gitignored) even where the environment
+# says not to: the suite starts dozens of four-process stacks, and without the cache each
+# process compiles our sources again (a stack start 6.0 -> 5.2 CPU-s, a worker's collection
+# 19.5 -> 13.7 s).
 unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 PY := $(VENV)/bin/python
