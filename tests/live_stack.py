@@ -169,11 +169,17 @@ def front_half(log_name: str, **stack_args: Any) -> Any:
     return stack
 
 
-def module_stack(log_name: str, **stack_args: Any) -> Any:
-    """A module-scoped ``stack`` fixture: a whole live stack of the module's own, started
-    with ``stack_args`` (extra flags per service), logs in a temporary folder named
+def module_stack(log_name: str, *, own_detokenizer: bool = False, **stack_args: Any) -> Any:
+    """A module-scoped ``stack`` fixture: a live stack of the module's own, started with
+    ``stack_args`` (extra flags per service), logs in a temporary folder named
     ``log_name``, dumped when a test of the module fails. Assign it to ``stack`` at
-    module level."""
+    module level.
+
+    Its scheduler pushes to the session stack's detokenizer (a detokenizer serves any
+    number of schedulers, as in a cluster), which saves a process start; a module that
+    gives the detokenizer flags, or sets ``own_detokenizer`` because it kills or restarts
+    it, starts all four."""
+    own_detokenizer = own_detokenizer or "detokenizer_args" in stack_args
 
     @pytest.fixture(scope="module")
     def stack(
@@ -182,7 +188,17 @@ def module_stack(log_name: str, **stack_args: Any) -> Any:
         request: pytest.FixtureRequest,
     ) -> Iterator[LocalStack]:
         log_dir = tmp_path_factory.mktemp(log_name)
-        with running_stack(default_model_dir, log_dir, request, **stack_args) as live:
+        if own_detokenizer:
+            with running_stack(default_model_dir, log_dir, request, **stack_args) as live:
+                yield live
+            return
+        shared_stack: LocalStack = request.getfixturevalue("shared_stack")
+        wait_until_settled(shared_stack)
+        ports = dataclasses.replace(StackPorts.free(), detokenizer=shared_stack.ports.detokenizer)
+        only = ("scheduler", "frontend", "gateway")
+        with running_stack(
+            default_model_dir, log_dir, request, ports=ports, only=only, **stack_args
+        ) as live:
             yield live
 
     return stack

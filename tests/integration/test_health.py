@@ -36,8 +36,10 @@ STREAM = {
     "ignore_eos": True,
 }
 
-stack = module_stack(
-    "health-logs", scheduler_args=["--kv-cache-tokens", "16384", "--num-threads", "1"]
+stack = module_stack(  # it kills each service, the detokenizer too
+    "health-logs",
+    own_detokenizer=True,
+    scheduler_args=["--kv-cache-tokens", "16384", "--num-threads", "1"],
 )
 
 

@@ -10,6 +10,7 @@ And ``--model-impl native`` on such a checkpoint is refused in one line.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from services.launch import LocalStack, StackPorts
-from tests.live_stack import dump_logs
+from tests.live_stack import dump_logs, wait_until_settled
 from tests.scheduler.model_executor.models.test_transformers_parity import (
     assert_same_until_near_tie,
 )
@@ -36,6 +37,7 @@ NEW_TOKENS = 8
 LOGPROB_ATOL = 1e-3
 PROMPTS = [[0, *range(1000, 1003)], [0, *range(5000, 5040, 2)], [0, *range(20000, 20011)]]
 START_TIMEOUT_S = 240.0
+ONE_DETOKENIZER = ("scheduler", "frontend", "gateway")  # the session stack's serves all three
 WITH_CHAT_TEMPLATE_FLAG = "cohere"  # the others run without one, so chat is refused
 
 
@@ -54,16 +56,20 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Pat
 def stacks(
     checkpoints: dict[str, Path],
     default_model_dir: Path,
+    shared_stack: LocalStack,
     tmp_path_factory: pytest.TempPathFactory,
     request: pytest.FixtureRequest,
 ) -> Iterator[dict[str, LocalStack]]:
-    """One stack per architecture, started side by side: a start is mostly imports and
-    model loading, which the three can overlap."""
+    """One scheduler, frontend and gateway per architecture, started side by side (a start
+    is mostly imports and model loading, which the three can overlap), all pushing to the
+    session stack's detokenizer: the checkpoints share the default model's tokenizer."""
     template = ["--chat-template", str(default_model_dir / "chat_template.jinja")]
+    wait_until_settled(shared_stack)
+    detokenizer = shared_stack.ports.detokenizer
     live = {
         arch: LocalStack(
             str(checkpoint),
-            StackPorts.free(),
+            dataclasses.replace(StackPorts.free(), detokenizer=detokenizer),
             scheduler_args=["--dtype", "float32", "--model-impl", "transformers"]
             + ["--kv-cache-tokens", "4096", "--num-threads", "1"],
             frontend_args=template if arch == WITH_CHAT_TEMPLATE_FLAG else [],
@@ -76,7 +82,7 @@ def stacks(
         with ThreadPoolExecutor(len(live)) as pool:
             # Three starts share the cores: each gets the time the suite gives one alone,
             # twice over.
-            list(pool.map(lambda one: one.start(timeout=START_TIMEOUT_S), live.values()))
+            list(pool.map(lambda one: one.start(START_TIMEOUT_S, ONE_DETOKENIZER), live.values()))
         yield live
     finally:
         with ThreadPoolExecutor(len(live)) as pool:
