@@ -8,8 +8,9 @@ suite shares what it can:
 * ``front_half(...)``: a module's own frontend and gateway, with its own flags, on the
   shared scheduler and detokenizer (a cluster of several frontends is a shape tokenline
   serves anyway).
-* ``module_stack(...)``: a whole stack of a module's own, for flags of the scheduler or
-  detokenizer, or tests that kill or drain services.
+* ``module_stack(...)``: a scheduler, frontend and gateway of a module's own, for
+  scheduler flags, pushing to the shared detokenizer; all four for detokenizer flags or
+  tests that kill it.
 
 Each process started here is stopped by its PID (``LocalStack.stop``).
 """
