@@ -123,6 +123,13 @@ def wait_until_settled(stack: LocalStack) -> None:
     wait_until(lambda: stack.live_state() == settled, SETTLE_S, "a settled stack", 0.05)
 
 
+def ports_beside(shared: StackPorts, *shared_services: str) -> StackPorts:
+    """Free ports for a module's own services, except ``shared_services``, which are the
+    session stack's (``shared``)."""
+    kept = {name: getattr(shared, name) for name in shared_services}
+    return dataclasses.replace(StackPorts.free(), **kept)
+
+
 @pytest.fixture(scope="session")
 def shared_stack(
     default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
@@ -156,10 +163,7 @@ def front_half(log_name: str, **stack_args: Any) -> Any:
         request: pytest.FixtureRequest,
     ) -> Iterator[LocalStack]:
         wait_until_settled(shared_stack)
-        shared = shared_stack.ports
-        ports = dataclasses.replace(
-            StackPorts.free(), scheduler=shared.scheduler, detokenizer=shared.detokenizer
-        )
+        ports = ports_beside(shared_stack.ports, "scheduler", "detokenizer")
         log_dir = tmp_path_factory.mktemp(log_name)
         only = ("frontend", "gateway")
         with running_stack(
@@ -188,15 +192,14 @@ def module_stack(log_name: str, *, own_detokenizer: bool = False, **stack_args: 
         tmp_path_factory: pytest.TempPathFactory,
         request: pytest.FixtureRequest,
     ) -> Iterator[LocalStack]:
+        ports: StackPorts | None = None
+        only: tuple[str, ...] = ()
+        if not own_detokenizer:
+            shared_stack: LocalStack = request.getfixturevalue("shared_stack")
+            wait_until_settled(shared_stack)
+            ports = ports_beside(shared_stack.ports, "detokenizer")
+            only = ("scheduler", "frontend", "gateway")
         log_dir = tmp_path_factory.mktemp(log_name)
-        if own_detokenizer:
-            with running_stack(default_model_dir, log_dir, request, **stack_args) as live:
-                yield live
-            return
-        shared_stack: LocalStack = request.getfixturevalue("shared_stack")
-        wait_until_settled(shared_stack)
-        ports = dataclasses.replace(StackPorts.free(), detokenizer=shared_stack.ports.detokenizer)
-        only = ("scheduler", "frontend", "gateway")
         with running_stack(
             default_model_dir, log_dir, request, ports=ports, only=only, **stack_args
         ) as live:

@@ -10,7 +10,6 @@ And ``--model-impl native`` on such a checkpoint is refused in one line.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -23,8 +22,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from services.launch import LocalStack, StackPorts
-from tests.live_stack import dump_logs, wait_until_settled
+from services.launch import LocalStack
+from tests.live_stack import dump_logs, ports_beside, wait_until_settled
 from tests.scheduler.model_executor.models.test_transformers_parity import (
     assert_same_until_near_tie,
 )
@@ -65,11 +64,10 @@ def stacks(
     session stack's detokenizer: the checkpoints share the default model's tokenizer."""
     template = ["--chat-template", str(default_model_dir / "chat_template.jinja")]
     wait_until_settled(shared_stack)
-    detokenizer = shared_stack.ports.detokenizer
     live = {
         arch: LocalStack(
             str(checkpoint),
-            dataclasses.replace(StackPorts.free(), detokenizer=detokenizer),
+            ports_beside(shared_stack.ports, "detokenizer"),
             scheduler_args=["--dtype", "float32", "--model-impl", "transformers"]
             + ["--kv-cache-tokens", "4096", "--num-threads", "1"],
             frontend_args=template if arch == WITH_CHAT_TEMPLATE_FLAG else [],
