@@ -6,7 +6,7 @@ import asyncio
 import functools
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -14,6 +14,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from services.common.grpc_decoding import RequestDecodingInterceptor
+from services.common.grpc_drain import DrainGate
 from services.common.grpc_metrics import RpcMetrics, RpcMetricsInterceptor
 from services.common.tls import TlsSettings, add_port
 
@@ -48,7 +49,8 @@ class GrpcProcess:
 
     Readiness (``READINESS_SERVICE`` and each registered service name) stays
     NOT_SERVING until ``set_ready(True)``; on SIGTERM every name flips to
-    NOT_SERVING, new RPCs are refused and in-flight ones get ``drain_timeout``.
+    NOT_SERVING, new calls to ``work_methods`` (full paths) are refused with UNAVAILABLE
+    (services/common/grpc_drain.py) and the work in flight gets ``drain_timeout``.
     The port serves TLS when ``tls`` turns it on (services/common/tls.py); ``interceptors``
     (authentication, services/common/auth/cluster_token.py) see every call after the metrics'.
     """
@@ -64,12 +66,15 @@ class GrpcProcess:
         rpc_metrics: RpcMetrics | None = None,
         tls: TlsSettings | None = None,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        work_methods: Collection[str] = (),
     ) -> None:
+        self.drain_gate = DrainGate(work_methods)
         self.rpc_metrics = rpc_metrics if rpc_metrics is not None else default_rpc_metrics()
         self.server = grpc.aio.server(
-            # Metrics first, so a call an auth interceptor refuses is still counted.
+            # Metrics first, so a call the gate or auth refuses is still counted.
             interceptors=[
                 RpcMetricsInterceptor(self.rpc_metrics),
+                self.drain_gate,
                 RequestDecodingInterceptor(),
                 *interceptors,
             ],
@@ -115,21 +120,28 @@ class GrpcProcess:
         on_drain: Callable[[], Awaitable[None]] | None = None,
         grace_after_drain: float | None = None,
     ) -> None:
-        """Block until SIGTERM/SIGINT, then drain and stop. ``grace_after_drain``: once
-        ``on_drain`` returned (its work is done), the RPCs still open get only this long,
-        not ``drain_timeout``: a service whose peers hold streams that never end by
+        """Block until SIGTERM/SIGINT, then drain and stop: the gate refuses new work at
+        once, ``on_drain`` finishes what the process holds, the work calls taken before
+        end, and only then does grpc stop, so a call that comes during the drain is
+        refused UNAVAILABLE by us, never CANCELLED by a racing shutdown. All of it shares
+        ``drain_timeout``. ``grace_after_drain``: once the work is done, the calls still
+        open get only this long: a service whose peers hold streams that never end by
         themselves (the scheduler's lease streams) would otherwise wait out the timeout."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
         await self._stopping.wait()
         logger.info("draining for up to %.1fs", drain_timeout)
+        deadline = loop.time() + drain_timeout
+        self.drain_gate.close()
         await self.health.enter_graceful_shutdown()
         if on_drain is not None:
             await on_drain()
-            if grace_after_drain is not None:
-                drain_timeout = grace_after_drain
-        await self.server.stop(drain_timeout)
+        drained = await self.drain_gate.wait_idle(max(0.0, deadline - loop.time()))
+        grace = max(0.0, deadline - loop.time())
+        if drained and grace_after_drain is not None:
+            grace = min(grace, grace_after_drain)
+        await self.server.stop(grace)
 
     def request_stop(self) -> None:
         self._stopping.set()

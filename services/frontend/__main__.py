@@ -21,6 +21,7 @@ from services.common.auth.api_keys import add_api_key_flags, create_key_ring
 from services.common.auth.cluster_token import ClusterToken
 from services.common.deadlines import ENGINE_ANSWER_RPC_TIMEOUT_S
 from services.common.envs import env_default
+from services.common.grpc_drain import work_methods
 from services.common.grpc_server import GrpcProcess
 from services.common.service_flags import parse_service_args, run_service, service_parser
 from services.common.tls import TlsSettings
@@ -52,7 +53,22 @@ from services.frontend.validation.generation_config import (
 from services.frontend.validation.limits import ModelLimits, load_model_limits
 
 logger = logging.getLogger(__name__)
-SERVICE_NAME = frontend_pb2.DESCRIPTOR.services_by_name["FrontendService"].full_name
+SERVICE = frontend_pb2.DESCRIPTOR.services_by_name["FrontendService"]
+# Refused while draining, and waited for: each starts a generation (or holds streams that
+# do). Aborts, lookups of stored responses and the info calls are still answered.
+WORK_METHODS = (
+    "ChatCompletion",
+    "ChatCompletionStream",
+    "Completion",
+    "CompletionStream",
+    "ResponsesCreate",
+    "ResponsesCreateStream",
+    "Embed",
+    "Generate",
+    "GenerateStream",
+    "OpenSession",
+    "Multiplex",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,11 +394,12 @@ async def serve(config: FrontendConfig) -> None:
     process = GrpcProcess(
         host=config.host,
         port=config.port,
-        service_names=[SERVICE_NAME],
+        service_names=[SERVICE.full_name],
         metrics_port=config.metrics_port,
         max_concurrent_rpcs=config.max_concurrent_rpcs,
         tls=config.tls,
         interceptors=[ApiKeyInterceptor(auth)],
+        work_methods=work_methods(SERVICE, WORK_METHODS),
     )
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, keys.reload)
     frontend_pb2_grpc.add_FrontendServiceServicer_to_server(servicer, process.server)

@@ -12,6 +12,7 @@ import torch
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from services.common.envs import env_default, parse_bool
+from services.common.grpc_drain import work_methods
 from services.common.grpc_server import GrpcProcess, wait_until
 from services.common.service_flags import parse_service_args, run_service, service_parser
 from services.scheduler.core.commands import AbortStartedCommand
@@ -38,7 +39,9 @@ from services.scheduler.transport.metrics import SchedulerMetrics
 from services.scheduler.transport.servicer import SchedulerServicer
 
 logger = logging.getLogger(__name__)
-SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
+SERVICE = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"]
+# Refused while draining (services/common/grpc_drain.py): each hands the engine new work.
+WORK_METHODS = ("AddRequest", "AddRequests", "OpenSession")
 # What RPCs still open after a finished drain get: the lease streams never end by
 # themselves, and a unary call (GetInfo) needs far less.
 GRACE_AFTER_DRAIN_S = 1.0
@@ -225,10 +228,11 @@ async def serve(config: SchedulerProcessConfig) -> None:
     process = GrpcProcess(
         host=config.host,
         port=config.port,
-        service_names=[SERVICE_NAME],
+        service_names=[SERVICE.full_name],
         metrics_port=config.metrics_port,
         tls=config.tls,
         interceptors=config.cluster_token.server_interceptors(),
+        work_methods=work_methods(SERVICE, WORK_METHODS),
     )
     model_name = Path(config.model).resolve().name
     servicer = SchedulerServicer(
@@ -263,8 +267,10 @@ async def serve(config: SchedulerProcessConfig) -> None:
     await process.set_ready(True)
 
     async def drain() -> None:
-        # Refuse new work, finish what is queued and running, deliver its rows.
-        servicer.draining = True
+        # New work is refused at the gate; the calls that got past it before it closed
+        # reach the engine first, then what is queued and running finishes and its rows
+        # are delivered.
+        await process.drain_gate.wait_idle(config.drain_timeout)
         await wait_until(
             lambda: engine.fatal_error is not None or (engine.is_idle and pusher.is_flushed),
             config.drain_timeout,

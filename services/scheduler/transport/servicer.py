@@ -85,7 +85,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.engine: EngineClient | None = None
         self.context_length = 0
         self.dtype = ""
-        self.draining = False
         self.leases = Leases()
         self._owner_aborts: set[asyncio.Task] = set()
 
@@ -139,8 +138,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         """Queue one request or raise why not; a request in a session returns the future
         of the engine's verdict."""
         engine = self._live_engine()
-        if self.draining:
-            raise UnavailableError("scheduler is draining; send the request to another replica")
         self._check_lease(request.reply_to)
         return engine.add_request(req_from_pb(request))
 
@@ -152,8 +149,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def OpenSession(self, request, context):  # noqa: N802
         """A session lives no longer than its owner's lease (closed with its requests)."""
         engine = self._live_engine()
-        if self.draining:
-            raise UnavailableError("scheduler is draining; open the session on another replica")
         self._check_lease(request.owner)
         command = OpenSessionCommand(request.session_id, request.capacity_of_str_len, request.owner)
         await _engine_answer(engine.ask(command), "the session open")
