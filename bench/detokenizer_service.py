@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common.grpc_server import READINESS_SERVICE
+from services.common.rpc.server import READINESS_SERVICE
 from services.launch import free_port
 
 

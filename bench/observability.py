@@ -22,7 +22,7 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from bench.engine import BenchArgs, build, greedy_req, random_prompt
-from services.common.grpc_metrics import RpcMetrics, RpcMetricsInterceptor
+from services.common.rpc.metrics import RpcMetrics, RpcMetricsInterceptor
 from services.scheduler.core.scheduler import Scheduler
 from services.scheduler.core.stats import SchedulerStats
 from services.scheduler.transport.metrics import SchedulerMetrics

@@ -22,7 +22,7 @@ from gateway.errors import GatewayError
 from gateway.multiplex import FrontendMux
 from services.common.auth.caller import current_caller
 from services.common.auth.cluster_token import FORWARDED_CALLER
-from services.common.grpc_server import READINESS_SERVICE
+from services.common.rpc.server import READINESS_SERVICE
 from services.common.tls import open_channel
 
 T = TypeVar("T")

@@ -12,7 +12,7 @@ import argparse
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common.grpc_server import READINESS_SERVICE
+from services.common.rpc.server import READINESS_SERVICE
 from services.common.tls import add_tls_flags, open_sync_channel, pop_tls_settings
 
 

@@ -35,7 +35,7 @@ from tokenline.v1 import (
 
 from services.common import flags_doc
 from services.common.envs import env_default
-from services.common.grpc_server import READINESS_SERVICE
+from services.common.rpc.server import READINESS_SERVICE
 from services.common.tls import TlsSettings, add_tls_flags, open_sync_channel, pop_tls_settings
 from services.launch_flags import add_service_flags, check, route
 

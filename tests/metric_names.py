@@ -11,7 +11,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from gateway.metrics import GatewayMetrics
-from services.common.grpc_metrics import RpcMetrics
+from services.common.rpc.metrics import RpcMetrics
 from services.detokenizer.manager import DetokenizerManager
 from services.detokenizer.metrics import DetokenizerMetrics
 from services.detokenizer.server import DetokenizerServicer

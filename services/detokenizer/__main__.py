@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from tokenline.v1 import detokenizer_pb2, detokenizer_pb2_grpc
 
 from services.common.auth.cluster_token import ClusterToken
-from services.common.grpc_server import GrpcProcess, wait_until
+from services.common.rpc.server import GrpcProcess, wait_until
 from services.common.service_flags import parse_service_args, run_service, service_parser
 from services.common.tls import TlsSettings
 from services.common.tokenizer import load_tokenizer

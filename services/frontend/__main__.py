@@ -21,8 +21,8 @@ from services.common.auth.api_keys import add_api_key_flags, create_key_ring
 from services.common.auth.cluster_token import ClusterToken
 from services.common.deadlines import ENGINE_ANSWER_RPC_TIMEOUT_S
 from services.common.envs import env_default
-from services.common.grpc_drain import work_methods
-from services.common.grpc_server import GrpcProcess
+from services.common.rpc.drain import work_methods
+from services.common.rpc.server import GrpcProcess
 from services.common.service_flags import parse_service_args, run_service, service_parser
 from services.common.tls import TlsSettings
 from services.common.tokenizer import load_tokenizer

@@ -19,7 +19,7 @@ from services.common.auth.api_keys import ApiKey, KeyRing, bearer_token
 from services.common.auth.caller import current_caller, set_caller
 from services.common.auth.cluster_token import FORWARDED_CALLER, ClusterToken
 from services.common.errors import PermissionDeniedError, UnauthenticatedError
-from services.common.grpc_handlers import is_open_method, metadata_value, refusal, wrap_behavior
+from services.common.rpc.handlers import is_open_method, metadata_value, refusal, wrap_behavior
 
 # What a cluster peer is when it names no caller: a service of the deployment.
 CLUSTER_PEER = ApiKey(name="cluster", role="admin", secret=b"")

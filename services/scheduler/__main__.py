@@ -12,8 +12,8 @@ import torch
 from tokenline.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from services.common.envs import env_default, parse_bool
-from services.common.grpc_drain import work_methods
-from services.common.grpc_server import GrpcProcess, wait_until
+from services.common.rpc.drain import work_methods
+from services.common.rpc.server import GrpcProcess, wait_until
 from services.common.service_flags import parse_service_args, run_service, service_parser
 from services.scheduler.core.commands import AbortStartedCommand
 from services.scheduler.core.messages import RUNNERS
@@ -40,7 +40,7 @@ from services.scheduler.transport.servicer import SchedulerServicer
 
 logger = logging.getLogger(__name__)
 SERVICE = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"]
-# Refused while draining (services/common/grpc_drain.py): each hands the engine new work.
+# Refused while draining (services/common/rpc/drain.py): each hands the engine new work.
 WORK_METHODS = ("AddRequest", "AddRequests", "OpenSession")
 # What RPCs still open after a finished drain get: the lease streams never end by
 # themselves, and a unary call (GetInfo) needs far less.

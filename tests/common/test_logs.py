@@ -51,4 +51,4 @@ def test_a_service_started_with_the_env_logs_json_lines(default_model_dir: Path)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     assert lines and all({"time", "level", "logger", "message"} <= set(r) for r in lines)
-    assert lines[-1]["logger"] == "services.common.grpc_server"
+    assert lines[-1]["logger"] == "services.common.rpc.server"

@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services import healthcheck
-from services.common.grpc_server import GrpcProcess
+from services.common.rpc.server import GrpcProcess
 from services.common.tls import (
     TlsSettings,
     add_tls_flags,

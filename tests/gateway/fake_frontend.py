@@ -27,7 +27,7 @@ from tokenline.v1 import (
 )
 
 from services.common.errors import TokenlineError
-from services.common.grpc_server import READINESS_SERVICE
+from services.common.rpc.server import READINESS_SERVICE
 from services.frontend.multiplex import StreamBudget, serve_multiplexed
 
 MODEL_ID = "fake-model"

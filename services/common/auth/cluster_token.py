@@ -16,7 +16,7 @@ import grpc
 
 from services.common.auth.api_keys import bearer_token
 from services.common.envs import env_default
-from services.common.grpc_handlers import is_open_method, metadata_value, refusal
+from services.common.rpc.handlers import is_open_method, metadata_value, refusal
 
 # Whom a cluster peer (the gateway) speaks for on a call: a key's name, never its secret.
 FORWARDED_CALLER = "x-tokenline-caller"

@@ -13,8 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from services.common.auth.cluster_token import ClusterToken
-from services.common.grpc_metrics import RpcMetrics
-from services.common.grpc_server import GrpcProcess
+from services.common.rpc.metrics import RpcMetrics
+from services.common.rpc.server import GrpcProcess
 from services.common.tls import open_channel
 
 pytestmark = pytest.mark.unit

@@ -10,8 +10,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from services.common.grpc_metrics import RpcMetrics, RpcMetricsInterceptor
-from services.common.grpc_server import GrpcProcess, wait_until
+from services.common.rpc.metrics import RpcMetrics, RpcMetricsInterceptor
+from services.common.rpc.server import GrpcProcess, wait_until
 
 SERVICE = "test.Echo"
 

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from services.common.grpc_handlers import wrap_behavior
+from services.common.rpc.handlers import wrap_behavior
 
 
 class _Undecodable:

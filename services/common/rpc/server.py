@@ -13,9 +13,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from services.common.grpc_decoding import RequestDecodingInterceptor
-from services.common.grpc_drain import DrainGate
-from services.common.grpc_metrics import RpcMetrics, RpcMetricsInterceptor
+from services.common.rpc.decoding import RequestDecodingInterceptor
+from services.common.rpc.drain import DrainGate
+from services.common.rpc.metrics import RpcMetrics, RpcMetricsInterceptor
 from services.common.tls import TlsSettings, add_port
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class GrpcProcess:
     Readiness (``READINESS_SERVICE`` and each registered service name) stays
     NOT_SERVING until ``set_ready(True)``; on SIGTERM every name flips to
     NOT_SERVING, new calls to ``work_methods`` (full paths) are refused with UNAVAILABLE
-    (services/common/grpc_drain.py) and the work in flight gets ``drain_timeout``.
+    (services/common/rpc/drain.py) and the work in flight gets ``drain_timeout``.
     The port serves TLS when ``tls`` turns it on (services/common/tls.py); ``interceptors``
     (authentication, services/common/auth/cluster_token.py) see every call after the metrics'.
     """

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
 
-from services.common.grpc_handlers import Behavior, refusal, wrap_behavior
+from services.common.rpc.handlers import Behavior, refusal, wrap_behavior
 
 
 class DrainGate(grpc.aio.ServerInterceptor):

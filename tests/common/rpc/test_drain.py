@@ -12,9 +12,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from tokenline.v1 import frontend_pb2
 
-from services.common.grpc_drain import work_methods
-from services.common.grpc_metrics import RpcMetrics
-from services.common.grpc_server import GrpcProcess
+from services.common.rpc.drain import work_methods
+from services.common.rpc.metrics import RpcMetrics
+from services.common.rpc.server import GrpcProcess
 
 pytestmark = pytest.mark.unit
 
