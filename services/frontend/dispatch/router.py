@@ -60,6 +60,7 @@ class SchedulerRouter:
         self._hidden_sizes: dict[str, int] = {}  # per replica: a pooled vector's length
         self._turn = 0
         self._tasks: list[asyncio.Task] = []
+        self._calls: dict[str, grpc.aio.StreamStreamCall] = {}  # the open lease per replica
 
     def start(self) -> None:
         self._tasks = [
@@ -68,6 +69,10 @@ class SchedulerRouter:
         ]
 
     async def close(self) -> None:
+        # The calls first: a task cancelled while it waits on a beat waits in turn for
+        # grpc's read to give up, and that read ends only when its call does.
+        for call in self._calls.values():
+            call.cancel()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -142,7 +147,7 @@ class SchedulerRouter:
         """Keep a lease on ``addr`` for as long as the router runs."""
         backoff = 0.05
         while True:
-            call = self._stubs[addr].Attach(self._renewals())
+            call = self._calls[addr] = self._stubs[addr].Attach(self._renewals())
             why = "lease ended"
             try:
                 beats = call.__aiter__()

@@ -26,6 +26,7 @@ class BeatingScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.attached: list[str] = []  # frontend ids, one per Attach call
         self.silent = False  # stop beating without ending the stream
         self.end_lease = asyncio.Event()
+        self.beat_interval = 0.02
 
     async def Attach(self, request_iterator, context):  # noqa: N802
         self.attached.append((await context.read()).frontend_id)
@@ -37,7 +38,7 @@ class BeatingScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
                 await context.write(beat)
                 self.num_beats += 1
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.end_lease.wait(), 0.02)
+                await asyncio.wait_for(self.end_lease.wait(), self.beat_interval)
 
 
 @contextlib.asynccontextmanager
@@ -142,3 +143,24 @@ async def test_nothing_is_up_while_no_replica_answers() -> None:
             assert router.served_dtype() == "" and not router.any_answering()
     finally:
         await channel.close()
+
+
+async def test_close_ends_leases_whose_beats_are_arriving() -> None:
+    """A lease task cancelled while it awaits a beat waits for grpc's read to give up,
+    and a read cancelled just as its beat arrives gave up only when its call ended, so
+    close() hung (as the frontend's exit after a drain did) unless it ends the calls. The
+    race is per close: fast beats and rounds of start and close make a regression show."""
+    fake = BeatingScheduler("float32")
+    fake.beat_interval = 0.001
+    async with serving([fake]) as stubs:
+        (addr,) = stubs
+        for _ in range(20):
+            await lease_then_close(SchedulerRouter(stubs, "fe"), addr)
+
+
+async def lease_then_close(router: SchedulerRouter, addr: str) -> None:
+    router.start()
+    await eventually(lambda: router.is_up(addr))
+    # The bound only turns a hang into a failure here.
+    await asyncio.wait_for(router.close(), 30)
+    assert all(task.done() for task in router._tasks)
