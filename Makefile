@@ -104,9 +104,10 @@ test: model
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The inner loop: the in-process tier only (tests/conftest.py marks every test unit, live
-# or tooling; docs/contributing.md has each tier's time).
+# or tooling; docs/contributing.md has each tier's time). No stacks to start once per
+# module here, so tests, not files, are shared out: the workers end together.
 test-fast: model
-	$(PY) -m pytest -m unit -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -m unit -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # Opt-in, not part of `make test`: 256 streams for 60 s on a fresh local stack, then no
 # failures, no leaked state and < 5 % RSS growth per service (bench/soak.py). ~2 minutes.
