@@ -15,7 +15,7 @@ from services.common.sampling_params import GrammarSpec
 from services.common.tokenizer import load_tokenizer
 from services.scheduler.core.req import Req
 from services.scheduler.core.scheduler import Scheduler
-from services.scheduler.sampling.grammar import GrammarMasker, NextTokenMask
+from services.scheduler.sampling.grammar import GrammarMasker, NextTokenMask, tokenizer_info
 from services.scheduler.sampling.sampler import _dense_candidates
 from tests.scheduler.factories import (
     assert_kv_conserved,
@@ -238,3 +238,13 @@ def test_a_prefetched_fill_is_used_only_for_the_rows_it_was_made_for(scheduler: 
     one = logits[1:].clone()
     masker(one, reqs[1:])
     assert torch.equal(one, expected[1:])
+
+
+def test_schedulers_over_one_tokenizer_share_its_vocabulary_view(default_model_dir: Path) -> None:
+    """Reading the 129k vocabulary is paid once per tokenizer and stop set, not per scheduler."""
+    first = make_scheduler(default_model_dir).grammars
+    second = make_scheduler(default_model_dir).grammars
+    tokenizer = first._tokenizer
+    shared = tokenizer_info(tokenizer, first.vocab_size, tuple(first.eos_token_ids))
+    assert shared is tokenizer_info(tokenizer, second.vocab_size, tuple(second.eos_token_ids))
+    assert shared is not tokenizer_info(tokenizer, first.vocab_size, (*first.eos_token_ids, 2))
