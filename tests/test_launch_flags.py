@@ -112,6 +112,7 @@ def test_one_option_spelled_two_ways_is_a_build_error() -> None:
         add_service_flags(argparse.ArgumentParser(), {"a": a, "b": b}, {})
 
 
+@pytest.mark.live  # a fresh interpreter: the live tier holds subprocesses
 def test_tokenline_serve_is_the_launcher() -> None:
     """The console command's path: a wrong flag fails at once, before any service starts."""
     run = [sys.executable, "-m", "services.cli", "serve", "models/x", "--bogus"]

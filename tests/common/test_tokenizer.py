@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from transformers import AutoTokenizer
 
 from services.common.tokenizer import load_tokenizer
@@ -26,6 +27,7 @@ def test_the_direct_path_equals_auto_tokenizer(default_model_dir: Path) -> None:
     assert direct.decode(ids) == auto.decode(ids)
 
 
+@pytest.mark.live  # a fresh interpreter: the live tier holds subprocesses
 def test_the_default_model_tokenizer_loads_without_torch(default_model_dir: Path) -> None:
     probe = (
         "import sys; from services.common.tokenizer import load_tokenizer; "

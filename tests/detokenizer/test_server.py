@@ -132,6 +132,7 @@ async def test_second_subscription_with_the_same_id_replaces_the_first(stub) -> 
     second.cancel()
 
 
+@pytest.mark.live  # a fresh interpreter: the live tier holds subprocesses
 async def test_real_process_refuses_past_max_decode_states(
     default_model_dir: Path, tmp_path: Path, bytelevel: Family
 ) -> None:

@@ -224,6 +224,7 @@ def test_a_second_load_reuses_the_registered_op(kernel: SampleKernel, tmp_path: 
     )
 
 
+@pytest.mark.live  # a fresh interpreter: the live tier holds subprocesses
 def test_without_a_build_a_fresh_process_samples_eagerly(tmp_path: Path) -> None:
     """In a process that never registered the op, a model directory with no build gives no
     kernel (the engine then logs that it samples eagerly)."""

@@ -142,6 +142,7 @@ def test_the_flags_and_their_environment_variables(monkeypatch: pytest.MonkeyPat
     assert parse_args(["--model", "m"]).kernels_dir == "/opt/tokenline/kernels"
 
 
+@pytest.mark.live  # a fresh interpreter: the live tier holds subprocesses
 def test_an_install_without_the_sources_warns_and_runs_eagerly(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

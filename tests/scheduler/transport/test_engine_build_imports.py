@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 HEAVY_MODULES = ("torch._dynamo", "transformers.modeling_utils")
 
 
+@pytest.mark.live  # a fresh interpreter: the live tier holds subprocesses
 def test_building_the_engine_imports_no_compiler_stack(default_model_dir: Path) -> None:
     probe = f"""
 import json, sys

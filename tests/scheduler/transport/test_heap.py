@@ -13,9 +13,12 @@ import pytest
 
 from services.scheduler.__main__ import parse_args
 
-pytestmark = pytest.mark.skipif(
-    platform.libc_ver()[0] != "glibc", reason="mallopt's parameters are glibc's"
-)
+pytestmark = [
+    pytest.mark.live,  # each case runs a fresh interpreter
+    pytest.mark.skipif(
+        platform.libc_ver()[0] != "glibc", reason="mallopt's parameters are glibc's"
+    ),
+]
 
 # mallinfo2's fields (hblks: blocks served by mmap; arena: the heap's bytes), read around
 # a 64 MiB buffer, far over glibc's default mmap threshold.
