@@ -41,6 +41,7 @@ from services.scheduler.model_executor.forward_batch import ForwardBatch
 from services.scheduler.model_executor.models.config import ModelConfig
 from services.scheduler.model_executor.models.dtype import AUTO, DTYPES, choose_dtype
 from services.scheduler.model_executor.models.loader import load_model
+from services.scheduler.model_executor.row_kernels import use_row_kernels
 from services.scheduler.transport.engine_build import load_kernels
 from services.scheduler.transport.heap import keep_heap
 
@@ -117,6 +118,9 @@ def build(args: BenchArgs, overlap: bool = False) -> Scheduler:
         args.attention_backend,
         decode_kernel=kernels.decode_attention,
     )
+    if kernels.row_kernels:
+        use_row_kernels(model)  # as the engine does (transport/engine_build.py)
+    print(f"row kernels: {'compiled' if kernels.row_kernels else 'eager'}", flush=True)
     max_c = max(args.concurrency)
     # Requests, scratch for the paired bare forwards, and the TTFT prefixes.
     num_tokens = 2 * max_c * (args.prompt_len + args.output_len) + 4 * (args.prefix_len + 64)

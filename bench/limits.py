@@ -255,6 +255,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "args": {k: str(v) for k, v in vars(args).items()},
         "machine": machine,
         "dtype": str(dtype).removeprefix("torch."),
+        # Whether the forward ran the compiled RMSNorm/RoPE/SiLU kernels, as served.
+        "row_kernels": any(getattr(m, "kernel", False) for m in model.modules()),
         "limits": asdict(limits),
         "decode": asdict(decode),
         "prefill": asdict(prefill),

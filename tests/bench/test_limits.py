@@ -7,9 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import limits
 from services.scheduler.model_executor.models.config import ModelConfig
+from services.scheduler.transport.engine_build import load_kernels
 
 
 def test_a_run_reports_its_limits_and_the_ratios_to_them(
@@ -28,6 +30,9 @@ def test_a_run_reports_its_limits_and_the_ratios_to_them(
     weights = config.num_layers * per_layer + h * config.vocab_size  # and the LM head
     decode, prefill, bounds = report["decode"], report["prefill"], report["limits"]
     assert report["dtype"] == "float32" and bounds["gemm_rows"] == 64
+    # The forward measured is the served one: the row kernels on wherever they are built.
+    kernels = load_kernels(str(default_model_dir), torch.device("cpu"))
+    assert report["row_kernels"] == kernels.row_kernels
     assert decode["weight_gb"] == pytest.approx(4 * weights / 1e9)
     assert decode["forward_gb_s"] == pytest.approx(decode["weight_gb"] / decode["forward_ms"] * 1e3)
     assert decode["forward_of_copy"] == pytest.approx(decode["forward_gb_s"] / bounds["copy_gb_s"])
