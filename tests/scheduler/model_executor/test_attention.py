@@ -12,7 +12,7 @@ import torch
 
 from services.scheduler.__main__ import parse_args as scheduler_args
 from services.scheduler.mem_cache.kv_pool import KVPool
-from services.scheduler.model_executor.attention import create_attention_backend
+from services.scheduler.model_executor.attention import create_attention_backend, torch_backend
 from services.scheduler.model_executor.attention.base import AttentionBackend
 from services.scheduler.model_executor.attention.torch_backend import TorchAttentionBackend
 from services.scheduler.model_executor.forward_batch import ForwardBatch
@@ -279,3 +279,34 @@ def test_the_engine_attaches_the_decode_kernel_when_its_library_is_built(
     scheduler, _ = build_scheduler(scheduler_args(["--model", str(model_dir)]))
     assert scheduler.runner.model.attn_backend.decode_kernel
     assert scheduler.sampler.kernel is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_a_chunk_after_its_prefix_is_split_and_as_close_as_the_masked_call(
+    dtype: torch.dtype,
+) -> None:
+    """A prefill chunk after cached tokens runs as two flash calls (prefix, then causal)
+    merged by their log-sum-exps; against float64 it is as close as one masked call is."""
+    prefix, length = 150, 90
+    batch, pool, q, k, v = random_step([(prefix, length)], seed=3)
+    pool.k_buffers = [b.to(dtype) for b in pool.k_buffers]
+    pool.v_buffers = [b.to(dtype) for b in pool.v_buffers]
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    backend = TorchAttentionBackend()
+    meta = backend.plan(batch)
+    (span,) = meta.extends
+    assert span.prefix_len == prefix and torch_backend._splits_on(q, span)
+    out = run_backend(backend, batch, pool, q, k, v).float()
+    reference = naive_attention(q.float(), batch, pool, 1)
+    span_k = pool.k_buffers[1].index_select(0, span.slots).unsqueeze(0)
+    span_v = pool.v_buffers[1].index_select(0, span.slots).unsqueeze(0)
+    masked = torch_backend._sdpa(q.unsqueeze(0), span_k, span_v, span.mask, SCALE)[0].float()
+    masked_error = (masked - reference).abs().max().item()
+    split_error = (out - reference).abs().max().item()
+    assert split_error <= 2 * masked_error + (1e-6 if dtype == torch.float32 else 4e-3)
+
+
+def test_a_windowed_chunk_keeps_its_masked_call() -> None:
+    batch, _, q, _, _ = random_step([(40, 10)])
+    (span,) = TorchAttentionBackend().plan(batch, window=16).extends
+    assert span.windowed and not torch_backend._splits_on(q, span)
