@@ -3,7 +3,9 @@
 Decode tokens (one new token per request) are the common case in continuous
 batching, so they are padded into a single SDPA call with a key-padding mask.
 Requests that add several tokens (prefill chunks) run one SDPA call each: padding
-them together would waste work quadratic in the longest chunk.
+them together would waste work quadratic in the longest chunk. On CPU a chunk after cached
+tokens runs as two flash calls, over the prefix and over its own keys, merged by their
+log-sum-exps (``_prefix_then_causal``), so no mask makes the kernel score masked keys.
 
 On CPU, when the engine's compiled kernels are loaded (``ops/cpu_kernels.py``), decode
 tokens go to ``torch.ops.tokenline.decode_attention`` instead, which reads each request's
