@@ -295,18 +295,19 @@ def test_a_chunk_after_its_prefix_is_split_and_as_close_as_the_masked_call(
     backend = TorchAttentionBackend()
     meta = backend.plan(batch)
     (span,) = meta.extends
-    assert span.prefix_len == prefix and torch_backend._splits_on(q, span)
+    assert span.prefix_len == prefix and span.mask is None  # the forward splits it
     out = run_backend(backend, batch, pool, q, k, v).float()
     reference = naive_attention(q.float(), batch, pool, 1)
     span_k = pool.k_buffers[1].index_select(0, span.slots).unsqueeze(0)
     span_v = pool.v_buffers[1].index_select(0, span.slots).unsqueeze(0)
-    masked = torch_backend._sdpa(q.unsqueeze(0), span_k, span_v, span.mask, SCALE)[0].float()
+    mask = torch_backend.extend_mask(0, prefix, prefix + length, None, q.device)
+    masked = torch_backend._sdpa(q.unsqueeze(0), span_k, span_v, mask, SCALE)[0].float()
     masked_error = (masked - reference).abs().max().item()
     split_error = (out - reference).abs().max().item()
     assert split_error <= 2 * masked_error + (1e-6 if dtype == torch.float32 else 4e-3)
 
 
 def test_a_windowed_chunk_keeps_its_masked_call() -> None:
-    batch, _, q, _, _ = random_step([(40, 10)])
+    batch, *_ = random_step([(40, 10)])
     (span,) = TorchAttentionBackend().plan(batch, window=16).extends
-    assert span.windowed and not torch_backend._splits_on(q, span)
+    assert span.mask is not None and span.mask.shape == (10, 25)  # keys 25..49 of 50

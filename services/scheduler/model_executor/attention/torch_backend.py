@@ -41,8 +41,9 @@ class ExtendSpan:
     length: int
     prefix_len: int  # tokens already in KV before this step
     slots: torch.Tensor  # pool slots of the keys the span's queries see (a window trims)
-    mask: torch.Tensor | None  # [length, len(slots)] bool; None = plain causal
-    windowed: bool = False  # the mask trims keys by a window, not only by causality
+    # [length, len(slots)] bool, or None for causality alone: plain causal without a
+    # prefix, ``_prefix_then_causal`` after one
+    mask: torch.Tensor | None
 
 
 @dataclass(slots=True)
@@ -126,7 +127,7 @@ class TorchAttentionBackend(AttentionBackend):
                 span_k = k_buf.index_select(0, span.slots)
                 span_v = v_buf.index_select(0, span.slots)
             span_q = q[rows].unsqueeze(0)
-            if span.prefix_len and span.mask is not None and _splits_on(q, span):
+            if span.mask is None and span.prefix_len:
                 out[rows] = _prefix_then_causal(span_q, span_k, span_v, span.prefix_len, scale)[0]
                 continue
             out[rows] = _sdpa(span_q, span_k.unsqueeze(0), span_v.unsqueeze(0), span.mask, scale)[0]
@@ -177,12 +178,6 @@ def _sdpa(
         enable_gqa=True,
     )
     return out.transpose(1, 2).to(dtype)
-
-
-def _splits_on(q: torch.Tensor, span: ExtendSpan) -> bool:
-    """Whether a span's attention runs as ``_prefix_then_causal``: on CPU, where torch's
-    flash kernel returns its log-sum-exp, and for a mask that is causality alone."""
-    return q.device.type == "cpu" and not span.windowed and span.length > 1
 
 
 def _prefix_then_causal(
@@ -239,17 +234,29 @@ def _extend_span(
     start: int, length: int, seq_len: int, slots: torch.Tensor, window: int | None
 ) -> ExtendSpan:
     """Queries at positions ``prefix_len..seq_len-1`` over the keys any of them sees: all
-    of the context, or under a ``window`` only from the first query's window on."""
+    of the context, or under a ``window`` only from the first query's window on. A mask is
+    built only where the forward's SDPA call reads one: a window that trims keys, or a
+    prefix off CPU (on CPU the prefix is attended by ``_prefix_then_causal``)."""
     prefix_len = seq_len - length
+    unwindowed = window is None or (prefix_len == 0 and window >= length)
+    if unwindowed and (prefix_len == 0 or slots.device.type == "cpu"):
+        return ExtendSpan(start, length, prefix_len, slots, None)  # causality alone
     first_key = 0 if window is None else max(0, prefix_len - window + 1)
-    if prefix_len == 0 and (window is None or window >= length):
-        return ExtendSpan(start, length, prefix_len, slots, None)  # plain causal
-    keys = torch.arange(first_key, seq_len, device=slots.device)
-    queries = torch.arange(prefix_len, seq_len, device=slots.device)
+    mask = extend_mask(first_key, prefix_len, seq_len, window, slots.device)
+    return ExtendSpan(start, length, prefix_len, slots[first_key:], mask)
+
+
+def extend_mask(
+    first_key: int, prefix_len: int, seq_len: int, window: int | None, device: torch.device
+) -> torch.Tensor:
+    """[seq_len - prefix_len, seq_len - first_key] bool: which keys from ``first_key`` on
+    each query at ``prefix_len..seq_len-1`` sees, causally and within ``window``."""
+    keys = torch.arange(first_key, seq_len, device=device)
+    queries = torch.arange(prefix_len, seq_len, device=device)
     mask = keys[None, :] <= queries[:, None]  # causal with an offset
     if window is not None:
         mask &= keys[None, :] > queries[:, None] - window
-    return ExtendSpan(start, length, prefix_len, slots[first_key:], mask, window is not None)
+    return mask
 
 
 def _decode_group(rows: list[int], slots: list[torch.Tensor]) -> DecodeGroup:
