@@ -282,12 +282,16 @@ def test_the_engine_attaches_the_decode_kernel_when_its_library_is_built(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_a_chunk_after_its_prefix_is_split_and_as_close_as_the_masked_call(
-    dtype: torch.dtype,
+@pytest.mark.parametrize(
+    ("prefix", "length", "padded"), [(150, 90, False), (45, 90, True), (7, 90, True)]
+)
+def test_a_chunk_after_its_prefix_is_as_close_as_the_masked_call(
+    dtype: torch.dtype, prefix: int, length: int, padded: bool
 ) -> None:
-    """A prefill chunk after cached tokens runs as two flash calls (prefix, then causal)
-    merged by their log-sum-exps; against float64 it is as close as one masked call is."""
-    prefix, length = 150, 90
+    """A prefill chunk after cached tokens runs, with no mask, as one causal call over
+    zero-padded queries (a prefix of at most half the chunk) or as two flash calls (prefix,
+    then causal) merged by their log-sum-exps; against float64 either is as close as one
+    masked call is."""
     batch, pool, q, k, v = random_step([(prefix, length)], seed=3)
     pool.k_buffers = [b.to(dtype) for b in pool.k_buffers]
     pool.v_buffers = [b.to(dtype) for b in pool.v_buffers]
@@ -295,7 +299,8 @@ def test_a_chunk_after_its_prefix_is_split_and_as_close_as_the_masked_call(
     backend = TorchAttentionBackend()
     meta = backend.plan(batch)
     (span,) = meta.extends
-    assert span.prefix_len == prefix and span.mask is None  # the forward splits it
+    assert span.prefix_len == prefix and span.mask is None  # the forward pads or splits it
+    assert torch_backend.pads_prefix(span) is padded
     out = run_backend(backend, batch, pool, q, k, v).float()
     reference = naive_attention(q.float(), batch, pool, 1)
     span_k = pool.k_buffers[1].index_select(0, span.slots).unsqueeze(0)
@@ -303,8 +308,8 @@ def test_a_chunk_after_its_prefix_is_split_and_as_close_as_the_masked_call(
     mask = torch_backend.extend_mask(0, prefix, prefix + length, None, q.device)
     masked = torch_backend._sdpa(q.unsqueeze(0), span_k, span_v, mask, SCALE)[0].float()
     masked_error = (masked - reference).abs().max().item()
-    split_error = (out - reference).abs().max().item()
-    assert split_error <= 2 * masked_error + (1e-6 if dtype == torch.float32 else 4e-3)
+    error = (out - reference).abs().max().item()
+    assert error <= 2 * masked_error + (1e-6 if dtype == torch.float32 else 4e-3)
 
 
 def test_a_windowed_chunk_keeps_its_masked_call() -> None:
