@@ -300,7 +300,7 @@ def test_a_chunk_after_its_prefix_is_as_close_as_the_masked_call(
     meta = backend.plan(batch)
     (span,) = meta.extends
     assert span.prefix_len == prefix and span.mask is None  # the forward pads or splits it
-    assert torch_backend.pads_prefix(span) is padded
+    assert torch_backend.pads_prefix(span.prefix_len, span.length) is padded
     out = run_backend(backend, batch, pool, q, k, v).float()
     reference = naive_attention(q.float(), batch, pool, 1)
     span_k = pool.k_buffers[1].index_select(0, span.slots).unsqueeze(0)
