@@ -15,7 +15,9 @@
 * **Speed**: ``ModelRunner.run`` (every layer and the LM head of the sampled rows, no
   scheduling or sampling) for a ``--prompt-len`` prefill and for decode steps of C requests
   at that context, each variant in turn and the order alternated (``bench/model_impl.py``'s
-  pattern), median milliseconds.
+  pattern), median milliseconds. int8 runs the engine's compiled kernel
+  (``ops/csrc/int8_rows.cpp``, loaded from the model's ``kernels/`` as the engine loads it;
+  ``make kernels`` builds it) and, beside it, torch's ``_weight_int8pack_mm``.
 
 Prints both and writes ``bench/results/quantization.json``.
 """
@@ -45,7 +47,12 @@ from services.scheduler.model_executor.models.dtype import DTYPES
 from services.scheduler.model_executor.models.int8_weight import K_MULTIPLE, Int8Weight
 from services.scheduler.model_executor.models.linear import prepare_linears
 from services.scheduler.model_executor.models.loader import checkpoint_files, load_native
-from services.scheduler.model_executor.models.quantization import dequantize_model, quantize_model
+from services.scheduler.model_executor.models.quantization import (
+    dequantize_model,
+    quantize_model,
+    use_int8_kernel,
+)
+from services.scheduler.ops.cpu_kernels import SampleKernel
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CPU = torch.device("cpu")
@@ -62,6 +69,7 @@ VARIANTS: dict[str, Callable[[NativeCausalLM], object]] = {
     "float": lambda model: None,
     "int8": quantize_model,
     "int8, LM head exact": functools.partial(quantize_model, lm_head=False),
+    "int8, torch's kernel": lambda model: (quantize_model(model), use_int8_kernel(model, False)),
     "float, int8 weights dequantised": lambda model: (
         quantize_model(model),
         dequantize_model(model),
@@ -254,7 +262,10 @@ def speed(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Median ms of each case for the float model and the int8 variants, interleaved."""
     num_tokens = max(args.concurrency) * args.prompt_len
     runners = {}
-    for variant in ("float", "int8", "int8, LM head exact"):
+    variants = ["float", "int8", "int8, LM head exact"]
+    if args.own_kernel:
+        variants.append("int8, torch's kernel")
+    for variant in variants:
         model = load_variant(args.model, args.dtype, variant)
         c = model.config
         pool = KVPool(num_tokens, c.num_layers, c.num_kv_heads, c.head_dim, args.dtype)
@@ -285,6 +296,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     args.dtype = DTYPES[args.dtype]
     torch.set_num_threads(args.num_threads)
+    args.own_kernel = SampleKernel.load(args.model) is not None  # the int8 kernel with it
+    if not args.own_kernel:
+        print("no compiled kernels for this machine (make kernels): int8 runs torch's kernel")
     print(describe(machine_info()), f"torch threads {args.num_threads}, {args.dtype}", flush=True)
     tokenizer = load_tokenizer(args.model)
     prompts = [[0, *tokenizer.encode(t, add_special_tokens=False)] for t in PROMPTS]

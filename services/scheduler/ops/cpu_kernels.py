@@ -65,6 +65,7 @@ SOURCES = (
     _CSRC / "sample_rows.cpp",
     _CSRC / "decode_attention.cpp",
     _CSRC / "fused_rows.cpp",
+    _CSRC / "int8_rows.cpp",
 )
 HEADERS = (_CSRC / "float_vec.h",)  # included by the sources: part of the key too
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)

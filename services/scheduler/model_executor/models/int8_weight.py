@@ -1,9 +1,16 @@
 """A weight held as int8 with one float32 scale per output channel, and its matmul.
 
-The multiply is torch's own weight-only int8 kernel, ``aten._weight_int8pack_mm(x,
-w_int8 [N, K], scales [N])`` (gpt-fast's), with three things measured or read in its
-source (torch 2.13, ``aten/src/ATen/native/cpu/int8mm_kernel.cpp``) deciding how it is
-called:
+Decode-sized batches (up to ``OWN_KERNEL_MAX_ROWS`` rows, or any with ``row_independent``)
+take the engine's own kernel, ``torch.ops.tokenline.int8_rows_mm``
+(``ops/csrc/int8_rows.cpp``), wherever the compiled library is loaded: it reads the plain
+[N, K] int8 weight with software prefetch and streamed it at about twice the rate of torch's
+kernel on the AMX Xeon (model 207), where torch's lost to oneDNN's bf16 matmul on the LM
+head. It takes float32 rows as they are, any K, and is batch-invariant as torch's is.
+
+Without the library, the multiply is torch's own weight-only int8 kernel,
+``aten._weight_int8pack_mm(x, w_int8 [N, K], scales [N])`` (gpt-fast's), with three things
+measured or read in its source (torch 2.13, ``aten/src/ATen/native/cpu/int8mm_kernel.cpp``)
+deciding how it is called:
 
 * **bf16 activations.** On x86 the kernel is vectorised (AVX2, AVX512) for bf16 inputs
   only; float32 and float16 take a scalar loop, 5-60x slower than float32 oneDNN on the
@@ -13,9 +20,11 @@ called:
   is rounded to bf16.
 * **Few rows.** It computes 4x4 output blocks and streams the weight once per 4 rows: at
   one row it reads a quarter of float32's bytes, which is what decode waits on, but past
-  ``KERNEL_MAX_ROWS`` rows (prefill chunks, large batches) MKL's GEMM on a dequantised
-  copy is faster. That copy is made in float32, a block of output channels at a time so
-  it stays in cache, and MKL keeps nothing per shape (oneDNN would: ``linear.py``).
+  ``KERNEL_MAX_ROWS`` rows (prefill chunks, large batches) a GEMM on a dequantised copy is
+  faster. That copy is made a block of output channels at a time so it stays in cache: in
+  float32 for float32 rows (MKL keeps nothing per shape; oneDNN would: ``linear.py``), in
+  the rows' bf16 or float16 otherwise (exact: int8 values fit either), which oneDNN
+  multiplies with AMX or AVX-512 BF16 where the CPU has them.
 * **No tail in K.** It reads K in steps of 16 values (8 with AVX2) with aligned loads and
   no remainder loop (a K of 12 crashes the process), so ``can_quantize`` refuses other
   widths and rows reach it in freshly aligned memory.
@@ -31,12 +40,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from services.scheduler.ops.cpu_kernels import is_registered
+
 KERNEL_MAX_ROWS = 8  # above this many rows, dequantise and use the dense GEMM (measured)
+# The same for the engine's kernel: at 16 rows it still took 0.72-0.90 of the dense bf16
+# path's time on the 0.5B shape's projections and head, at 32 1.15-1.20 (Xeon model 207).
+OWN_KERNEL_MAX_ROWS = 16
 K_MULTIPLE = 16  # input widths the kernel takes: it has no loop for a remainder
 INT8_MAX = 127  # symmetric: -127..127, so a weight and its negation round alike
 _DEQUANT_BLOCK = 1 << 20  # weight elements dequantised at a time (4 MiB of float32)
 _QUANTIZE_ROWS = 4096  # rows quantised at a time: bounds the float32 scratch at load
 _ALIGN = 64  # bytes; the kernel's aligned loads need 32 (AVX512) of a row's start
+ROWS_KERNEL = "int8_rows_mm"  # torch.ops.tokenline's, from the compiled library
 
 
 def can_quantize(weight: torch.Tensor) -> bool:
@@ -48,19 +63,27 @@ class Int8Weight:
     """``qweight`` int8 [..., N, K] and ``scales`` float32 [..., N]: the weight is
     ``qweight * scales[..., None]`` (a stack of them for experts: ``select``)."""
 
-    __slots__ = ("_ones", "qweight", "row_independent", "scales")
+    __slots__ = ("_ones", "kernel", "qweight", "row_independent", "scales")
 
     def __init__(
-        self, qweight: torch.Tensor, scales: torch.Tensor, row_independent: bool = False
+        self,
+        qweight: torch.Tensor,
+        scales: torch.Tensor,
+        row_independent: bool = False,
+        kernel: bool | None = None,
     ) -> None:
         self.qweight = qweight
         self.scales = scales
         self.row_independent = row_independent  # every row count takes the kernel
+        # The engine's kernel rather than torch's (default: whenever its library is loaded).
+        self.kernel = is_registered(ROWS_KERNEL) if kernel is None else kernel
         self._ones = torch.ones(scales.shape[-1], dtype=torch.bfloat16, device=scales.device)
 
     @classmethod
     @torch.no_grad()
-    def quantize(cls, weight: torch.Tensor, row_independent: bool = False) -> Int8Weight:
+    def quantize(
+        cls, weight: torch.Tensor, row_independent: bool = False, kernel: bool | None = None
+    ) -> Int8Weight:
         """Symmetric per-output-channel int8 of ``weight`` [..., N, K]: each row's scale is
         its largest magnitude / 127, values round to the nearest step."""
         rows = weight.detach().reshape(-1, weight.shape[-1])
@@ -73,13 +96,14 @@ class Int8Weight:
             quantized = torch.round(block / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX)
             qweight[start : start + _QUANTIZE_ROWS] = quantized.to(torch.int8)
             scales[start : start + len(block)] = scale
-        return cls(
-            qweight.reshape(weight.shape), scales.reshape(weight.shape[:-1]), row_independent
-        )
+        shape = weight.shape
+        return cls(qweight.reshape(shape), scales.reshape(shape[:-1]), row_independent, kernel)
 
     def select(self, index: int) -> Int8Weight:
         """Weight ``index`` of a stack (one expert's), sharing its storage."""
-        return Int8Weight(self.qweight[index], self.scales[index], self.row_independent)
+        return Int8Weight(
+            self.qweight[index], self.scales[index], self.row_independent, self.kernel
+        )
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight this stands for, in ``dtype`` (computed in float32)."""
@@ -87,13 +111,15 @@ class Int8Weight:
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight.T (+ bias)`` for rows ``x`` [M, K], in ``x``'s dtype."""
-        if self.row_independent or x.shape[0] <= KERNEL_MAX_ROWS:
-            out = self._kernel(x)
-        else:
-            out = self._dense(x)
+        max_rows = OWN_KERNEL_MAX_ROWS if self.kernel else KERNEL_MAX_ROWS
+        few = self.row_independent or x.shape[0] <= max_rows
+        out = self._kernel(x) if few else self._dense(x)
         return out if bias is None else out + bias
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel and x.device.type == "cpu":
+            out: torch.Tensor = torch.ops.tokenline.int8_rows_mm(x, self.qweight, self.scales)
+            return out
         rows = x.to(torch.bfloat16).contiguous()
         if rows.data_ptr() % _ALIGN:  # a view that starts mid-allocation
             rows = rows.clone()
@@ -101,8 +127,9 @@ class Int8Weight:
         return (raw * self.scales).to(x.dtype)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.float()
+        dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.float32
+        rows = x.to(dtype)
         step = max(1, _DEQUANT_BLOCK // self.qweight.shape[-1])
-        parts = [F.linear(rows, block.float()) for block in self.qweight.split(step)]
+        parts = [F.linear(rows, block.to(dtype)) for block in self.qweight.split(step)]
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
         return (out * self.scales).to(x.dtype)

@@ -18,9 +18,14 @@ import torch
 from torch import nn
 
 from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
-from services.scheduler.model_executor.models.int8_weight import Int8Weight, can_quantize
+from services.scheduler.model_executor.models.int8_weight import (
+    ROWS_KERNEL,
+    Int8Weight,
+    can_quantize,
+)
 from services.scheduler.model_executor.models.linear import Linear
 from services.scheduler.model_executor.models.moe import Experts, SparseMoeBlock
+from services.scheduler.ops.cpu_kernels import is_registered
 
 Quantization = Literal["none", "int8"]
 QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8")
@@ -40,8 +45,8 @@ def check_quantization(quantization: str, device: torch.device, model_path: str)
         return
     if device.type != "cpu":
         raise QuantizationError(
-            f"--quantization {quantization} runs on the CPU only (torch's "
-            f"_weight_int8pack_mm with bf16 activations); not on {device.type}"
+            f"--quantization {quantization} runs on the CPU only (its int8 matmuls are "
+            f"CPU kernels); not on {device.type}"
         )
     if model_path != "native":
         raise QuantizationError(
@@ -116,6 +121,29 @@ def dequantize_model(model: NativeCausalLM) -> None:
     if isinstance(embedding, QuantizedEmbedding):
         model.model.embed_tokens = nn.Embedding.from_pretrained(embedding.table.dequantize(dtype))
         model.tie_weights()
+
+
+def int8_weights(model: nn.Module) -> list[Int8Weight]:
+    """Every int8 weight of a quantized ``model``: its projections' and its experts'."""
+    weights: list[Int8Weight] = []
+    for module in model.modules():
+        if isinstance(module, Linear) and module.quantized is not None:
+            weights.append(module.quantized)
+        elif isinstance(module, Experts) and module.int8 is not None:
+            weights.extend(weight for pair in module.int8 for weight in pair)
+    return weights
+
+
+def use_int8_kernel(model: nn.Module, enabled: bool = True) -> int:
+    """Switch ``model``'s int8 matmuls to the engine's compiled kernel (``enabled``) or to
+    torch's (a comparison's baseline: ``bench/quantization.py``, the tests); returns how
+    many weights it switched. Enabling needs the kernel library loaded."""
+    if enabled and not is_registered(ROWS_KERNEL):
+        raise RuntimeError(f"torch.ops.tokenline.{ROWS_KERNEL} is not loaded")
+    weights = int8_weights(model)
+    for weight in weights:
+        weight.kernel = enabled
+    return len(weights)
 
 
 def _summary(count: int, kept: list[str], lm_head: bool) -> str:

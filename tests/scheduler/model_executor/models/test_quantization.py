@@ -1,8 +1,9 @@
 """``--quantization int8``: an int8 linear computes its dequantised weight's product within
-the rounding its bf16 kernel allows, bit-identically for a row alone and in any batch when
-batch-invariant; a quantized checkpoint (fused projections, experts, tied head) stays
-closer to its dequantised reference than serving that reference in bf16 does; the flag
-is refused in one line where it cannot run."""
+the rounding its kernel allows (torch's bf16 one or the engine's compiled one),
+bit-identically for a row alone and in any batch when batch-invariant; a quantized
+checkpoint (fused projections, experts, tied head) stays closer to its dequantised reference
+than serving that reference in bf16 does; the flag is refused in one line where it cannot
+run."""
 
 from __future__ import annotations
 
@@ -20,9 +21,13 @@ from services.scheduler.model_executor.models.loader import load_model, load_nat
 from services.scheduler.model_executor.models.quantization import (
     QuantizedEmbedding,
     dequantize_model,
+    int8_weights,
     quantize_model,
+    use_int8_kernel,
 )
+from services.scheduler.ops.cpu_kernels import find_compiler
 from tests.checkpoints import build_hf_model, save_checkpoint
+from tests.scheduler.conftest import NO_COMPILER
 from tests.scheduler.factories import make_req, make_scheduler, run_to_completion
 from tests.scheduler.parity import new_pool
 
@@ -42,11 +47,25 @@ def error_bound(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return (3 * BF16_U + x.shape[1] * FP32_U) * magnitude
 
 
+# The engine's compiled kernel (csrc/int8_rows.cpp) or torch's _weight_int8pack_mm.
+KERNELS = ["torch", "own"]
+
+
+@pytest.fixture(params=KERNELS)
+def own_kernel(request: pytest.FixtureRequest) -> bool:
+    """Whether the int8 weights a test builds take the engine's kernel (loaded for it)."""
+    if request.param == "own":
+        if find_compiler() is None:
+            pytest.skip(NO_COMPILER)
+        request.getfixturevalue("kernel_model_dir")  # builds and loads the library
+    return bool(request.param == "own")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("rows", [1, 5, KERNEL_MAX_ROWS, 40], ids=lambda n: f"{n}rows")
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 def test_int8_linear_is_its_dequantised_weights_product(
-    dtype: torch.dtype, rows: int, bias: bool
+    dtype: torch.dtype, rows: int, bias: bool, own_kernel: bool
 ) -> None:
     """Up to KERNEL_MAX_ROWS rows take the int8 kernel, more the dense GEMM on the
     dequantised weight."""
@@ -54,6 +73,7 @@ def test_int8_linear_is_its_dequantised_weights_product(
     layer = Linear(96, 80, bias=bias, dtype=dtype)
     x = torch.randn(2 * rows, 96, dtype=dtype)[::2]  # not contiguous
     table = layer.quantize(row_independent=False)
+    table.kernel = own_kernel
     assert layer.weight is None and table.qweight.dtype == torch.int8
     dense = table.dequantize(torch.float64)
     expected = x.double() @ dense.T + (layer.bias.double() if bias else 0)
@@ -78,16 +98,67 @@ def test_quantizing_rounds_each_weight_to_the_nearest_step_of_its_row() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_a_row_is_the_same_bits_alone_and_in_any_batch_when_batch_invariant(
-    dtype: torch.dtype,
+    dtype: torch.dtype, own_kernel: bool
 ) -> None:
     torch.manual_seed(3)
     layer = Linear(64, 48, dtype=dtype)
-    layer.quantize(row_independent=True)
+    layer.quantize(row_independent=True).kernel = own_kernel
     rows = torch.randn(70, 64, dtype=dtype)
     alone = layer(rows[:1])
     for size in (3, 17, 70):
         assert torch.equal(layer(rows[:size])[:1], alone)
         assert torch.equal(layer(torch.cat([rows[1:size], rows[:1]]))[-1:], alone)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    ("rows", "outputs", "width"),
+    [(1, 83, 100), (3, 130, 16), (6, 7, 4864), (11, 64, 33)],
+    ids=["1x83x100", "3x130x16", "6x7x4864", "11x64x33"],
+)
+def test_the_own_kernel_takes_any_shape_and_is_row_independent(
+    kernel_model_dir: Path, dtype: torch.dtype, rows: int, outputs: int, width: int
+) -> None:
+    """Widths with a remainder past the vector loop, output channels that fill no 4-channel
+    block or thread share, row counts past its 4-row blocks: within the float32 sum's
+    rounding (rows are not rounded to bf16 on the way in) and the output's, and each row the
+    same bits as when computed alone."""
+    gen = torch.Generator().manual_seed(rows * width)
+    weight = torch.randn(outputs, width, generator=gen)
+    table = Int8Weight.quantize(weight, row_independent=True, kernel=True)
+    x = torch.randn(rows, width, generator=gen).to(dtype)
+    got = torch.ops.tokenline.int8_rows_mm(x, table.qweight, table.scales)
+    assert got.dtype == dtype and got.shape == (rows, outputs)
+    dense = table.dequantize(torch.float64)
+    expected = x.double() @ dense.T
+    output_u = torch.finfo(dtype).eps / 2 if dtype != torch.float32 else FP32_U
+    bound = (output_u + 2 * width * FP32_U) * (x.double().abs() @ dense.abs().T)
+    assert ((got.double() - expected).abs() <= bound).all()
+    for i in range(rows):
+        alone = torch.ops.tokenline.int8_rows_mm(x[i : i + 1], table.qweight, table.scales)
+        assert torch.equal(alone, got[i : i + 1])
+
+
+def test_quantized_weights_take_the_own_kernel_once_it_is_loaded_and_switch_back(
+    kernel_model_dir: Path, checkpoints: dict[str, Path]
+) -> None:
+    """Every int8 weight of a loaded model (projections, experts, the tied head) takes the
+    compiled kernel when the library is loaded, and ``use_int8_kernel`` switches them to
+    torch's and back. In float32 the compiled kernel's decode rows are closer to the
+    dequantised reference than torch's kernel's, which rounds every row to bf16."""
+    checkpoint = checkpoints["qwen3_moe"]
+    model, _ = load_model(checkpoint, torch.float32, "cpu", quantization="int8")
+    weights = int8_weights(model)
+    assert weights and all(weight.kernel for weight in weights)
+    ids = [0, *range(1000, 1010)]
+    want = all_logits(dequantized_reference(checkpoint, torch.float32), ids, decode=3)[-3:]
+    own = all_logits(model, ids, decode=3)[-3:]
+    assert use_int8_kernel(model, False) == len(weights)
+    assert not any(weight.kernel for weight in int8_weights(model))
+    torchs = all_logits(model, ids, decode=3)[-3:]
+    own_error, torch_error = ((got - want).abs().mean(dim=-1) for got in (own, torchs))
+    assert (own_error < torch_error).all(), (own_error, torch_error)
+    assert use_int8_kernel(model, True) == len(weights)
 
 
 @pytest.fixture(scope="module")

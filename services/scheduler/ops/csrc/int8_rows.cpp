@@ -1,0 +1,158 @@
+// Weight-only int8 matmul for few rows, on CPU: out[m, n] = scale[n] * sum_k x[m, k] * q[n, k],
+// with q int8 [N, K] in its plain row-major layout and one float32 scale per output channel.
+// Built per machine with the other kernels by services/scheduler/ops/cpu_kernels.py; used by
+// model_executor/models/int8_weight.py for decode-sized batches.
+//
+// A decode step at a few rows waits on the weight bytes. torch's own kernel
+// (aten._weight_int8pack_mm) streamed the 0.5B shape's int8 weights at 9-14 GB/s at one row on
+// the AMX Xeon (model 207), below the 13-34 GB/s oneDNN's packed bf16 matmul streams twice the
+// bytes at, so int8 gained little there and lost on the LM head. This kernel is built to stay
+// on the memory: each output channel's int8 row is read once per call (the row blocks reuse it
+// from cache), widened to float32 sixteen lanes at a time (eight with AVX2) and multiplied
+// into up to 4 x 4 float32 accumulators, the rows read in float32 once per call.
+//
+// Each output element is one float32 sum over K in the same order whatever the row count or
+// the thread split (rows only share the weight's loads), so a row's result does not depend on
+// its batch: batch-invariant. K needs no particular multiple (a scalar loop takes the tail).
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace {
+
+constexpr int64_t kRowBlock = 4;      // rows of x kept in registers together
+constexpr int64_t kChannelBlock = 4;  // output channels read together
+constexpr int64_t kGrainChannels = 64;
+constexpr int64_t kLine = 64;  // bytes of a cache line
+constexpr int64_t kPrefetchBlocks = 2;
+
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr int64_t kStep = 16;
+using FloatVec = __m512;
+inline FloatVec zero() { return _mm512_setzero_ps(); }
+inline FloatVec widen(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline FloatVec load(const float* p) { return _mm512_loadu_ps(p); }
+inline FloatVec fma(FloatVec a, FloatVec b, FloatVec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float sum(FloatVec v) { return _mm512_reduce_add_ps(v); }
+#elif defined(CPU_CAPABILITY_AVX2)
+constexpr int64_t kStep = 8;
+using FloatVec = __m256;
+inline FloatVec zero() { return _mm256_setzero_ps(); }
+inline FloatVec widen(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline FloatVec load(const float* p) { return _mm256_loadu_ps(p); }
+inline FloatVec fma(FloatVec a, FloatVec b, FloatVec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float sum(FloatVec v) {
+  __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  half = _mm_add_ss(half, _mm_movehdup_ps(half));
+  return _mm_cvtss_f32(half);
+}
+#else
+constexpr int64_t kStep = 1;
+using FloatVec = float;
+inline FloatVec zero() { return 0.0f; }
+inline FloatVec widen(const int8_t* p) { return static_cast<float>(*p); }
+inline FloatVec load(const float* p) { return *p; }
+inline FloatVec fma(FloatVec a, FloatVec b, FloatVec c) { return a * b + c; }
+inline float sum(FloatVec v) { return v; }
+#endif
+
+// out[m, n] for MR rows from `x` (float32, row stride K) and NR channels from `q` (row stride
+// K), each a float32 dot product summed lane-wise over the vector part, then its lanes, then
+// the scalar tail: the same order for every (MR, NR).
+template <int64_t MR, int64_t NR>
+void block(const float* x, const int8_t* q, int64_t K, float* dots, int64_t dots_stride) {
+  FloatVec acc[MR][NR];
+  for (int64_t m = 0; m < MR; ++m) {
+    for (int64_t j = 0; j < NR; ++j) acc[m][j] = zero();
+  }
+  const int64_t vector_end = K - K % kStep;
+  for (int64_t k = 0; k < vector_end; k += kStep) {
+    if (k % kLine == 0) {  // the next channel block's lines, a block ahead of their use
+      for (int64_t j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(q + (kPrefetchBlocks * kChannelBlock + j) * K + k), _MM_HINT_T0);
+    }
+    FloatVec w[NR];
+    for (int64_t j = 0; j < NR; ++j) w[j] = widen(q + j * K + k);
+    for (int64_t m = 0; m < MR; ++m) {
+      const FloatVec xv = load(x + m * K + k);
+      for (int64_t j = 0; j < NR; ++j) acc[m][j] = fma(xv, w[j], acc[m][j]);
+    }
+  }
+  for (int64_t m = 0; m < MR; ++m) {
+    for (int64_t j = 0; j < NR; ++j) {
+      float total = sum(acc[m][j]);
+      for (int64_t k = vector_end; k < K; ++k) total += x[m * K + k] * static_cast<float>(q[j * K + k]);
+      dots[m * dots_stride + j] = total;
+    }
+  }
+}
+
+template <int64_t MR>
+void block_rows(int64_t nr, const float* x, const int8_t* q, int64_t K, float* dots, int64_t stride) {
+  switch (nr) {
+    case 4: return block<MR, 4>(x, q, K, dots, stride);
+    case 3: return block<MR, 3>(x, q, K, dots, stride);
+    case 2: return block<MR, 2>(x, q, K, dots, stride);
+    default: return block<MR, 1>(x, q, K, dots, stride);
+  }
+}
+
+void any_block(int64_t mr, int64_t nr, const float* x, const int8_t* q, int64_t K, float* dots,
+               int64_t stride) {
+  switch (mr) {
+    case 4: return block_rows<4>(nr, x, q, K, dots, stride);
+    case 3: return block_rows<3>(nr, x, q, K, dots, stride);
+    case 2: return block_rows<2>(nr, x, q, K, dots, stride);
+    default: return block_rows<1>(nr, x, q, K, dots, stride);
+  }
+}
+
+at::Tensor int8_rows_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales) {
+  TORCH_CHECK(x.dim() == 2 && qweight.dim() == 2, "int8_rows_mm: x [M, K] and qweight [N, K]");
+  TORCH_CHECK(qweight.scalar_type() == at::kChar && qweight.is_contiguous(),
+              "int8_rows_mm: qweight must be contiguous int8");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == qweight.size(0),
+              "int8_rows_mm: scales must be float32 [N]");
+  TORCH_CHECK(x.size(1) == qweight.size(1), "int8_rows_mm: x and qweight disagree on K");
+  const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
+  const at::Tensor rows = x.to(at::kFloat).contiguous();
+  const at::Tensor scale = scales.contiguous();
+  at::Tensor dots = at::empty({M, N}, x.options().dtype(at::kFloat));
+  const float* xp = rows.data_ptr<float>();
+  const int8_t* qp = qweight.data_ptr<int8_t>();
+  const float* sp = scale.data_ptr<float>();
+  float* dp = dots.data_ptr<float>();
+  at::parallel_for(0, N, kGrainChannels, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; n += kChannelBlock) {
+      const int64_t nr = std::min(kChannelBlock, end - n);
+      for (int64_t m = 0; m < M; m += kRowBlock) {  // the channels' rows stay in cache
+        any_block(std::min(kRowBlock, M - m), nr, xp + m * K, qp + n * K, K, dp + m * N + n, N);
+      }
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t j = 0; j < nr; ++j) dp[m * N + n + j] *= sp[n + j];
+      }
+    }
+  });
+  return x.scalar_type() == at::kFloat ? dots : dots.to(x.scalar_type());
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(tokenline, m) {
+  m.def("int8_rows_mm(Tensor x, Tensor qweight, Tensor scales) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(tokenline, CPU, m) {
+  m.impl("int8_rows_mm", &int8_rows_mm);
+}
