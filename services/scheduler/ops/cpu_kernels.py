@@ -2,7 +2,8 @@
 temperature only), decode attention (``csrc/decode_attention.cpp``, used by
 ``model_executor/attention/torch_backend.py``) and a layer's row-wise element work, RMSNorm
 and SiLU-and-multiply (``csrc/fused_rows.cpp``, used by ``model_executor/models/
-layers.py``), compiled into one library.
+layers.py``) and the int8 weight-only matmul of few rows (``csrc/int8_rows.cpp``, used by
+``model_executor/models/int8_weight.py``), compiled into one library.
 
 A row sampled from the whole softmax (the OpenAI default: temperature only) would need every
 vocabulary entry's ``exp`` to find its inverse CDF. ``csrc/sample_rows.cpp`` draws each row
