@@ -5,7 +5,12 @@ take the engine's own kernel, ``torch.ops.tokenline.int8_rows_mm``
 (``ops/csrc/int8_rows.cpp``), wherever the compiled library is loaded: it reads the plain
 [N, K] int8 weight with software prefetch and streamed it at about twice the rate of torch's
 kernel on the AMX Xeon (model 207), where torch's lost to oneDNN's bf16 matmul on the LM
-head. It takes float32 rows as they are, any K, and is batch-invariant as torch's is.
+head. It takes float32 rows as they are, any K, and is batch-invariant as torch's is. Where
+oneDNN's tile kernels run (AMX), bf16 batches of more than 8 rows take its tile path at any
+row count, prefill included: each block of output channels is widened to bf16 once and
+multiplied on the tiles, which beat dequantising the whole weight for the dense GEMM
+(``tiles_available``). That path is not row-independent, so batch-invariant weights keep
+the row loop.
 
 Without the library, the multiply is torch's own weight-only int8 kernel,
 ``aten._weight_int8pack_mm(x, w_int8 [N, K], scales [N])`` (gpt-fast's), with three things
@@ -37,6 +42,9 @@ checked by ``tests/.../test_quantization.py``).
 
 from __future__ import annotations
 
+import functools
+import sys
+
 import torch
 import torch.nn.functional as F
 
@@ -52,6 +60,13 @@ _DEQUANT_BLOCK = 1 << 20  # weight elements dequantised at a time (4 MiB of floa
 _QUANTIZE_ROWS = 4096  # rows quantised at a time: bounds the float32 scratch at load
 _ALIGN = 64  # bytes; the kernel's aligned loads need 32 (AVX512) of a row's start
 ROWS_KERNEL = "int8_rows_mm"  # torch.ops.tokenline's, from the compiled library
+
+
+@functools.cache
+def tiles_available() -> bool:
+    """Whether the engine's kernel multiplies many bf16 rows on oneDNN's tile kernels (AMX)
+    here: a property of the CPU and the loaded library, asked once."""
+    return bool(torch.ops.tokenline.int8_tiles())
 
 
 def can_quantize(weight: torch.Tensor) -> bool:
@@ -111,14 +126,23 @@ class Int8Weight:
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight.T (+ bias)`` for rows ``x`` [M, K], in ``x``'s dtype."""
-        max_rows = OWN_KERNEL_MAX_ROWS if self.kernel else KERNEL_MAX_ROWS
-        few = self.row_independent or x.shape[0] <= max_rows
+        few = self.row_independent or x.shape[0] <= self.kernel_max_rows(x)
         out = self._kernel(x) if few else self._dense(x)
         return out if bias is None else out + bias
 
+    def kernel_max_rows(self, x: torch.Tensor) -> int:
+        """The most rows of ``x`` a call multiplies by a kernel rather than densely."""
+        if not self.kernel:
+            return KERNEL_MAX_ROWS
+        if x.dtype == torch.bfloat16 and tiles_available():
+            return sys.maxsize  # the tile path beats dequantising at every row count
+        return OWN_KERNEL_MAX_ROWS
+
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel and x.device.type == "cpu":
-            out: torch.Tensor = torch.ops.tokenline.int8_rows_mm(x, self.qweight, self.scales)
+            out: torch.Tensor = torch.ops.tokenline.int8_rows_mm(
+                x, self.qweight, self.scales, self.row_independent
+            )
             return out
         rows = x.to(torch.bfloat16).contiguous()
         if rows.data_ptr() % _ALIGN:  # a view that starts mid-allocation

@@ -7,6 +7,7 @@ run."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,11 @@ import torch
 from services.scheduler.__main__ import parse_args, resolve_or_exit
 from services.scheduler.model_executor.forward_batch import ForwardBatch
 from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
-from services.scheduler.model_executor.models.int8_weight import KERNEL_MAX_ROWS, Int8Weight
+from services.scheduler.model_executor.models.int8_weight import (
+    KERNEL_MAX_ROWS,
+    OWN_KERNEL_MAX_ROWS,
+    Int8Weight,
+)
 from services.scheduler.model_executor.models.linear import Linear
 from services.scheduler.model_executor.models.loader import load_model, load_native
 from services.scheduler.model_executor.models.quantization import (
@@ -127,16 +132,48 @@ def test_the_own_kernel_takes_any_shape_and_is_row_independent(
     weight = torch.randn(outputs, width, generator=gen)
     table = Int8Weight.quantize(weight, row_independent=True, kernel=True)
     x = torch.randn(rows, width, generator=gen).to(dtype)
-    got = torch.ops.tokenline.int8_rows_mm(x, table.qweight, table.scales)
+    got = torch.ops.tokenline.int8_rows_mm(x, table.qweight, table.scales, True)
     assert got.dtype == dtype and got.shape == (rows, outputs)
+    assert within_one_sum_of_exact(got, x, table)
+    for i in range(rows):
+        alone = torch.ops.tokenline.int8_rows_mm(x[i : i + 1], table.qweight, table.scales, True)
+        assert torch.equal(alone, got[i : i + 1])
+
+
+def within_one_sum_of_exact(got: torch.Tensor, x: torch.Tensor, table: Int8Weight) -> bool:
+    """Whether ``got`` is ``x`` times the dequantised weight within a float32 sum over K of
+    exact products, rounded once to ``got``'s dtype."""
     dense = table.dequantize(torch.float64)
     expected = x.double() @ dense.T
-    output_u = torch.finfo(dtype).eps / 2 if dtype != torch.float32 else FP32_U
-    bound = (output_u + 2 * width * FP32_U) * (x.double().abs() @ dense.abs().T)
-    assert ((got.double() - expected).abs() <= bound).all()
-    for i in range(rows):
-        alone = torch.ops.tokenline.int8_rows_mm(x[i : i + 1], table.qweight, table.scales)
-        assert torch.equal(alone, got[i : i + 1])
+    output_u = torch.finfo(got.dtype).eps / 2 if got.dtype != torch.float32 else FP32_U
+    bound = (output_u + 2 * x.shape[1] * FP32_U) * (x.double().abs() @ dense.abs().T)
+    return bool(((got.double() - expected).abs() <= bound).all())
+
+
+@pytest.mark.parametrize(
+    ("rows", "outputs", "width"),
+    [(9, 83, 96), (16, 130, 4864), (70, 7, 32), (200, 300, 896), (33, 65, 34)],
+    ids=["9x83x96", "16x130x4864", "70x7x32", "200x300x896", "33x65x34"],
+)
+def test_many_bf16_rows_take_the_tiles_where_the_cpu_has_them(
+    kernel_model_dir: Path, rows: int, outputs: int, width: int
+) -> None:
+    """Past 8 bf16 rows, on a CPU with oneDNN's tile kernels (AMX), the kernel widens each
+    block of 64 output channels to bf16 once and multiplies it on the tiles: partial channel
+    blocks, row tiles of 64 with a ragged last one, and K of 32 to 4,864, within a float32
+    sum of exact products of the exact result. The weight's routing follows: every row count
+    takes the kernel there, past 16 rows the dense path elsewhere."""
+    if not torch.ops.tokenline.int8_tiles():
+        pytest.skip("no oneDNN tile kernels (AMX) on this CPU")
+    gen = torch.Generator().manual_seed(rows * width)
+    table = Int8Weight.quantize(torch.randn(outputs, width, generator=gen), kernel=True)
+    x = torch.randn(rows, width, generator=gen).to(torch.bfloat16)
+    got = torch.ops.tokenline.int8_rows_mm(x, table.qweight, table.scales)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, outputs)
+    assert within_one_sum_of_exact(got, x, table)
+    assert within_one_sum_of_exact(table.matmul(x), x, table)
+    assert table.kernel_max_rows(x) == sys.maxsize
+    assert table.kernel_max_rows(x.float()) == OWN_KERNEL_MAX_ROWS
 
 
 def test_quantized_weights_take_the_own_kernel_once_it_is_loaded_and_switch_back(
