@@ -5,12 +5,13 @@ take the engine's own kernel, ``torch.ops.tokenline.int8_rows_mm``
 (``ops/csrc/int8_rows.cpp``), wherever the compiled library is loaded: it reads the plain
 [N, K] int8 weight with software prefetch and streamed it at about twice the rate of torch's
 kernel on the AMX Xeon (model 207), where torch's lost to oneDNN's bf16 matmul on the LM
-head. It takes float32 rows as they are, any K, and is batch-invariant as torch's is. Where
-oneDNN's tile kernels run (AMX), bf16 batches of more than 8 rows take its tile path at any
-row count, prefill included: each block of output channels is widened to bf16 once and
-multiplied on the tiles, which beat dequantising the whole weight for the dense GEMM
-(``tiles_available``). That path is not row-independent, so batch-invariant weights keep
-the row loop.
+head. It takes float32 rows as they are, any K, and is batch-invariant as torch's is.
+
+Where oneDNN's tile kernels run (AMX), bf16 batches of more than 8 rows take its tile path:
+each block of output channels is widened to bf16 once and multiplied on the tiles, which
+beat dequantising the whole weight for the dense GEMM (``tiles_available``; at any row count
+for large weights, prefill included, up to ``TILES_MAX_ROWS`` for small ones). That path is
+not row-independent, so batch-invariant weights keep the row loop.
 
 Without the library, the multiply is torch's own weight-only int8 kernel,
 ``aten._weight_int8pack_mm(x, w_int8 [N, K], scales [N])`` (gpt-fast's), with three things
@@ -54,6 +55,13 @@ KERNEL_MAX_ROWS = 8  # above this many rows, dequantise and use the dense GEMM (
 # The same for the engine's kernel: at 16 rows it still took 0.72-0.90 of the dense bf16
 # path's time on the 0.5B shape's projections and head, at 32 1.15-1.20 (Xeon model 207).
 OWN_KERNEL_MAX_ROWS = 16
+# The tile path (AMX) packs x and writes the transposed output per call, work that grows
+# with the rows but not with the weight: a weight of this many elements or more beat the
+# dense path at every row count measured (the 0.5B shape's gate-up, down and LM head, up to
+# 1,024 rows), smaller ones (qkv, o, MoE experts of ~1 M) only up to TILES_MAX_ROWS (at 64
+# rows level, at 256 1.5-2.1x slower).
+TILES_ANY_ROWS_FROM = 1 << 22
+TILES_MAX_ROWS = 32
 K_MULTIPLE = 16  # input widths the kernel takes: it has no loop for a remainder
 INT8_MAX = 127  # symmetric: -127..127, so a weight and its negation round alike
 _DEQUANT_BLOCK = 1 << 20  # weight elements dequantised at a time (4 MiB of float32)
@@ -135,7 +143,9 @@ class Int8Weight:
         if not self.kernel:
             return KERNEL_MAX_ROWS
         if x.dtype == torch.bfloat16 and tiles_available():
-            return sys.maxsize  # the tile path beats dequantising at every row count
+            if self.qweight.numel() >= TILES_ANY_ROWS_FROM:
+                return sys.maxsize  # the tile path beats dequantising at every row count
+            return TILES_MAX_ROWS
         return OWN_KERNEL_MAX_ROWS
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:

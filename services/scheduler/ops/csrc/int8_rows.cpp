@@ -25,7 +25,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 namespace {
 
@@ -120,6 +120,12 @@ constexpr int64_t kTileMinRows = 8;
 // A tile's packed columns: its rows rounded up to what oneDNN packs (a multiple of 16).
 inline int64_t tile_columns(int64_t rows) { return (rows + 15) / 16 * 16; }
 
+// Scratch that every element of is written before it is read: no zeroing pass.
+template <typename T>
+std::unique_ptr<T[]> uninitialized(int64_t n) {
+  return std::unique_ptr<T[]>(new T[n]);
+}
+
 bool tiles_available() { return at::native::cpublas::could_pack(at::kBFloat16); }
 
 void widen_block_to_bf16(const int8_t* q, int64_t elements, at::BFloat16* out) {
@@ -138,9 +144,9 @@ at::Tensor int8_tiles_mm(const at::Tensor& x, const int8_t* qp, const float* sp,
   const at::Tensor rows = x.contiguous();
   const at::BFloat16* xp = rows.data_ptr<at::BFloat16>();
   const int64_t num_tiles = (M + kTileRows - 1) / kTileRows;
-  std::vector<at::BFloat16> packed(num_tiles * K * kTileRows);
+  const auto packed = uninitialized<at::BFloat16>(num_tiles * K * kTileRows);
   at::parallel_for(0, num_tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<at::BFloat16> transposed(K * kTileRows);
+    const auto transposed = uninitialized<at::BFloat16>(K * kTileRows);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t first = t * kTileRows, rows_in = std::min(kTileRows, M - first);
       const int64_t cols = tile_columns(rows_in);
@@ -150,23 +156,23 @@ at::Tensor int8_tiles_mm(const at::Tensor& x, const int8_t* qp, const float* sp,
         }
       }
       at::native::cpublas::pack(K, cols, cols, cols, at::kBFloat16, at::kBFloat16,
-                                transposed.data(), packed.data() + t * K * kTileRows);
+                                transposed.get(), packed.get() + t * K * kTileRows);
     }
   });
   at::Tensor out = at::empty({M, N}, x.options());
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
   const int64_t num_blocks = (N + kTileChannels - 1) / kTileChannels;
   at::parallel_for(0, num_blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<at::BFloat16> weights(kTileChannels * K);
-    std::vector<float> products(kTileChannels * kTileRows);
+    const auto weights = uninitialized<at::BFloat16>(kTileChannels * K);
+    const auto products = uninitialized<float>(kTileChannels * kTileRows);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t n = b * kTileChannels, channels = std::min(kTileChannels, N - n);
-      widen_block_to_bf16(qp + n * K, channels * K, weights.data());
+      widen_block_to_bf16(qp + n * K, channels * K, weights.get());
       for (int64_t t = 0; t < num_tiles; ++t) {
         const int64_t first = t * kTileRows, rows_in = std::min(kTileRows, M - first);
         const int64_t cols = tile_columns(rows_in);
-        at::native::cpublas::brgemm(channels, cols, K, K, cols, cols, false, weights.data(),
-                                    packed.data() + t * K * kTileRows, products.data());
+        at::native::cpublas::brgemm(channels, cols, K, K, cols, cols, false, weights.get(),
+                                    packed.get() + t * K * kTileRows, products.get());
         for (int64_t c = 0; c < channels; ++c) {
           const float scale = sp[n + c];
           for (int64_t r = 0; r < rows_in; ++r) {

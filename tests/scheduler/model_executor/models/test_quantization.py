@@ -19,6 +19,8 @@ from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
 from services.scheduler.model_executor.models.int8_weight import (
     KERNEL_MAX_ROWS,
     OWN_KERNEL_MAX_ROWS,
+    TILES_ANY_ROWS_FROM,
+    TILES_MAX_ROWS,
     Int8Weight,
 )
 from services.scheduler.model_executor.models.linear import Linear
@@ -162,7 +164,8 @@ def test_many_bf16_rows_take_the_tiles_where_the_cpu_has_them(
     block of 64 output channels to bf16 once and multiplies it on the tiles: partial channel
     blocks, row tiles of 64 with a ragged last one, and K of 32 to 4,864, within a float32
     sum of exact products of the exact result. The weight's routing follows: every row count
-    takes the kernel there, past 16 rows the dense path elsewhere."""
+    takes the kernel there for a large weight, up to 32 for a small one, past 16 rows the
+    dense path elsewhere."""
     if not torch.ops.tokenline.int8_tiles():
         pytest.skip("no oneDNN tile kernels (AMX) on this CPU")
     gen = torch.Generator().manual_seed(rows * width)
@@ -172,8 +175,14 @@ def test_many_bf16_rows_take_the_tiles_where_the_cpu_has_them(
     assert got.dtype == torch.bfloat16 and got.shape == (rows, outputs)
     assert within_one_sum_of_exact(got, x, table)
     assert within_one_sum_of_exact(table.matmul(x), x, table)
-    assert table.kernel_max_rows(x) == sys.maxsize
+    assert table.kernel_max_rows(x) == TILES_MAX_ROWS  # a small weight
     assert table.kernel_max_rows(x.float()) == OWN_KERNEL_MAX_ROWS
+    large = Int8Weight(
+        torch.zeros(TILES_ANY_ROWS_FROM // 64, 64, dtype=torch.int8),
+        torch.ones(TILES_ANY_ROWS_FROM // 64),
+        kernel=True,
+    )
+    assert large.kernel_max_rows(x[:, :64]) == sys.maxsize
 
 
 def test_quantized_weights_take_the_own_kernel_once_it_is_loaded_and_switch_back(
