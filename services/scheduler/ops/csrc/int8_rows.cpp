@@ -1,7 +1,8 @@
-// Weight-only int8 matmul for few rows, on CPU: out[m, n] = scale[n] * sum_k x[m, k] * q[n, k],
-// with q int8 [N, K] in its plain row-major layout and one float32 scale per output channel.
-// Built per machine with the other kernels by services/scheduler/ops/cpu_kernels.py; used by
-// model_executor/models/int8_weight.py for decode-sized batches.
+// Weight-only int8 matmul on CPU: out[m, n] = scale[n] * sum_k x[m, k] * q[n, k], with q int8
+// [N, K] in its plain row-major layout and one float32 scale per output channel. Built per
+// machine with the other kernels by services/scheduler/ops/cpu_kernels.py; used by
+// model_executor/models/int8_weight.py for decode-sized batches (the float loop below) and,
+// where oneDNN's tile kernels run, for bf16 batches of more rows (the tile path further down).
 //
 // A decode step at a few rows waits on the weight bytes. torch's own kernel
 // (aten._weight_int8pack_mm) streamed the 0.5B shape's int8 weights at 9-14 GB/s at one row on
