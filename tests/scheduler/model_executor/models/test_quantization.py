@@ -32,9 +32,8 @@ from services.scheduler.model_executor.models.quantization import (
     quantize_model,
     use_int8_kernel,
 )
-from services.scheduler.ops.cpu_kernels import find_compiler
 from tests.checkpoints import build_hf_model, save_checkpoint
-from tests.scheduler.conftest import NO_COMPILER
+from tests.scheduler.conftest import needs_compiler
 from tests.scheduler.factories import make_req, make_scheduler, run_to_completion
 from tests.scheduler.parity import new_pool
 
@@ -55,15 +54,13 @@ def error_bound(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 # The engine's compiled kernel (csrc/int8_rows.cpp) or torch's _weight_int8pack_mm.
-KERNELS = ["torch", "own"]
+KERNELS = ["torch", pytest.param("own", marks=needs_compiler)]
 
 
 @pytest.fixture(params=KERNELS)
 def own_kernel(request: pytest.FixtureRequest) -> bool:
     """Whether the int8 weights a test builds take the engine's kernel (loaded for it)."""
     if request.param == "own":
-        if find_compiler() is None:
-            pytest.skip(NO_COMPILER)
         request.getfixturevalue("kernel_model_dir")  # builds and loads the library
     return bool(request.param == "own")
 
@@ -117,6 +114,7 @@ def test_a_row_is_the_same_bits_alone_and_in_any_batch_when_batch_invariant(
         assert torch.equal(layer(torch.cat([rows[1:size], rows[:1]]))[-1:], alone)
 
 
+@needs_compiler
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
     ("rows", "outputs", "width"),
@@ -152,6 +150,7 @@ def within_one_sum_of_exact(got: torch.Tensor, x: torch.Tensor, table: Int8Weigh
     return bool(((got.double() - expected).abs() <= bound).all())
 
 
+@needs_compiler
 @pytest.mark.parametrize(
     ("rows", "outputs", "width"),
     [(9, 83, 96), (16, 130, 4864), (70, 7, 32), (200, 300, 896), (33, 65, 34)],
@@ -185,6 +184,7 @@ def test_many_bf16_rows_take_the_tiles_where_the_cpu_has_them(
     assert large.kernel_max_rows(x[:, :64]) == sys.maxsize
 
 
+@needs_compiler
 def test_quantized_weights_take_the_own_kernel_once_it_is_loaded_and_switch_back(
     kernel_model_dir: Path, checkpoints: dict[str, Path]
 ) -> None:
