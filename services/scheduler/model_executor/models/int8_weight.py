@@ -149,7 +149,7 @@ class Int8Weight:
         return OWN_KERNEL_MAX_ROWS
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel and x.device.type == "cpu":
+        if self.kernel:
             out: torch.Tensor = torch.ops.tokenline.int8_rows_mm(
                 x, self.qweight, self.scales, self.row_independent
             )
