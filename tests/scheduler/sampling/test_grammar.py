@@ -236,9 +236,12 @@ def test_sampled_rows_with_a_grammar_weigh_forbidden_tokens_exactly_zero() -> No
 
 def test_a_prefetched_fill_is_used_only_for_the_rows_it_was_made_for(scheduler: Scheduler) -> None:
     reqs = [grammar_req("p0", PRICE, 1), grammar_req("p1", PERSON, 2)]
+    for req in reqs:  # compiled first, so both join one prefill and neither can finish alone
+        assert req.params.grammar is not None
+        scheduler.grammars.get(req.params.grammar).result(timeout=60)
     for req in reqs:
         scheduler.add_request(req)
-    while not all(r.output_ids for r in reqs):  # compiled, prefilled, one token each
+    while not all(r.output_ids for r in reqs):  # prefilled, one token each
         scheduler.step()
     assert not any(r.is_finished for r in reqs)
     logits = torch.randn(2, VOCAB)
