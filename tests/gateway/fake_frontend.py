@@ -26,11 +26,12 @@ from tokenline.v1 import (
     responses_pb2,
 )
 
-from services.common.errors import TokenlineError
+from services.common.errors import InvalidArgumentError, TokenlineError
 from services.common.rpc.server import READINESS_SERVICE
 from services.frontend.multiplex import StreamBudget, serve_multiplexed
 
 MODEL_ID = "fake-model"
+FAKE_VOCAB = 0x110000  # the fake tokenizes into Unicode code points
 CREATED = 1_700_000_000
 PIECES = ("Hello", " world")  # each choice's text, one streamed delta per piece
 USAGE = openai_pb2.CompletionUsage(
@@ -284,6 +285,13 @@ class FakeFrontendServicer(frontend_pb2_grpc.FrontendServiceServicer):
 
     async def Detokenize(self, request: Any, context: Any) -> Any:
         await self._enter("Detokenize", request, context)
+        bad = [t for t in request.tokens if not 0 <= t < FAKE_VOCAB]
+        if bad:  # as the real frontend refuses ids outside its vocabulary
+            error = InvalidArgumentError(
+                f"token ids outside [0, {FAKE_VOCAB}): {bad[:5]}", field="tokens"
+            )
+            status = error.status()
+            await context.abort(status.code, error.message, status.trailing_metadata)
         return frontend_pb2.DetokenizeResponse(prompt="".join(chr(t) for t in request.tokens))
 
     async def ListModels(self, request: Any, context: Any) -> Any:

@@ -40,7 +40,7 @@ def test_no_documented_operation_answers_5xx(
     for operation in operations:
 
         @settings(
-            max_examples=15,
+            max_examples=10,  # 15 took 41 s of the suite's six minutes
             deadline=None,
             derandomize=True,  # the same requests every run: a failure reproduces
             suppress_health_check=list(HealthCheck),
