@@ -62,6 +62,7 @@ class BenchArgs:
     temperatures: list[float]
     attention_backend: str = "torch"
     heap_tuning: bool = True  # transport/heap.py, on in the server by default
+    decode_copy: bool = False  # the scheduler's --decode-copy (models/linear.py)
 
 
 @dataclass(slots=True)
@@ -117,6 +118,7 @@ def build(args: BenchArgs, overlap: bool = False) -> Scheduler:
         device,
         args.attention_backend,
         decode_kernel=kernels.decode_attention,
+        decode_copy=args.decode_copy,
     )
     if kernels.row_kernels:
         use_row_kernels(model)  # as the engine does (transport/engine_build.py)

@@ -10,7 +10,9 @@ prefill against GEMM throughput (issue #36, items 2 and 3).
   scheduler packs them) on a prefill chunk's row count, FLOPs per second: the ceiling for
   prefill;
 * **decode at C = 1**: the bare forward of one token (all layers and the LM head) and the
-  engine's whole ``step()`` at a short context, as weight bytes streamed per second;
+  engine's whole ``step()`` at a short context, as weight bytes streamed per second; with
+  ``--decode-copy``, once on oneDNN's packed weights and once on the decode copies
+  (the scheduler's ``--decode-copy``), alternating, and their ratio;
 * **prefill**: one long prompt prefilled through the scheduler's chunked steps, as prompt
   tokens/s times FLOPs per token (linear layers plus causal attention) over the GEMM
   throughput.
@@ -26,7 +28,8 @@ import json
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -135,6 +138,33 @@ def measure_decode(scheduler: Scheduler, context: int, copy_gb_s: float, repeats
     )
 
 
+@contextmanager
+def without_decode_copies(model: torch.nn.Module) -> Iterator[None]:
+    """The model's linear layers on oneDNN's packed weights alone for the block (their
+    decode copies set aside, then put back)."""
+    held = {layer: layer.decode_copy for layer in linears(model) if layer.decode_copy is not None}
+    for layer in held:
+        layer.decode_copy = None
+    try:
+        yield
+    finally:
+        for layer, copy in held.items():
+            layer.decode_copy = copy
+
+
+def measure_decode_both(
+    scheduler: Scheduler, context: int, copy_gb_s: float, repeats: int
+) -> tuple[Decode, Decode]:
+    """(packed, with the decode copies): two alternating rounds each, the faster kept."""
+    rounds: dict[str, list[Decode]] = {"packed": [], "copy": []}
+    for _ in range(2):
+        with without_decode_copies(scheduler.runner.model):
+            rounds["packed"].append(measure_decode(scheduler, context, copy_gb_s, repeats))
+        rounds["copy"].append(measure_decode(scheduler, context, copy_gb_s, repeats))
+    packed, copied = (min(runs, key=lambda d: d.forward_ms) for runs in rounds.values())
+    return packed, copied
+
+
 def engine_decode_step(scheduler: Scheduler, context: int, steps: int) -> float:
     """Median seconds of the engine's decode steps for one greedy request."""
     rng = random.Random(1)
@@ -201,6 +231,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--num-threads", type=int, default=0, help="torch threads (0: default)")
     p.add_argument(
+        "--decode-copy",
+        action="store_true",
+        help="load with the scheduler's --decode-copy and measure decode with and without it",
+    )
+    p.add_argument(
         "--heap-tuning",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -224,6 +259,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         num_threads=args.num_threads,
         temperatures=[0.0],
         heap_tuning=args.heap_tuning,
+        decode_copy=args.decode_copy,
     )
     scheduler = build(bench_args)
     model = scheduler.runner.model
@@ -237,13 +273,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         f"{rows} rows {limits.gemm_tflops:.2f} TFLOP/s ({str(dtype).removeprefix('torch.')})",
         flush=True,
     )
-    decode = measure_decode(scheduler, args.context, limits.copy_gb_s, args.repeats)
-    print(
-        f"decode C=1: {decode.weight_gb:.3f} GB of weights; forward {decode.forward_ms:.1f} ms "
-        f"= {decode.forward_gb_s:.1f} GB/s ({decode.forward_of_copy:.2f} of copy); step "
-        f"{decode.step_ms:.1f} ms = {decode.step_gb_s:.1f} GB/s ({decode.step_of_copy:.2f})",
-        flush=True,
-    )
+    copies = sum(1 for layer in linears(model) if layer.decode_copy is not None)
+    packed = None
+    if copies:
+        packed, decode = measure_decode_both(
+            scheduler, args.context, limits.copy_gb_s, args.repeats
+        )
+        print_decode("decode C=1, oneDNN's packed weights", packed)
+        print_decode(f"decode C=1, {copies} decode copies", decode)
+        print(f"decode copies / packed forward time: {decode.forward_ms / packed.forward_ms:.2f}")
+    else:
+        decode = measure_decode(scheduler, args.context, limits.copy_gb_s, args.repeats)
+        print_decode("decode C=1", decode)
     prefill = measure_prefill(scheduler, args.prompt_len, limits.gemm_tflops * 1e12, 3)
     print(
         f"prefill {prefill.prompt_tokens} tokens in chunks of {prefill.chunk_tokens}: "
@@ -259,8 +300,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "row_kernels": any(getattr(m, "kernel", False) for m in model.modules()),
         "limits": asdict(limits),
         "decode": asdict(decode),
+        # With --decode-copy: the same decode on oneDNN's packed weights alone.
+        "decode_packed": None if packed is None else asdict(packed),
         "prefill": asdict(prefill),
     }
+
+
+def print_decode(label: str, decode: Decode) -> None:
+    print(
+        f"{label}: {decode.weight_gb:.3f} GB of weights; forward {decode.forward_ms:.1f} ms "
+        f"= {decode.forward_gb_s:.1f} GB/s ({decode.forward_of_copy:.2f} of copy); step "
+        f"{decode.step_ms:.1f} ms = {decode.step_gb_s:.1f} GB/s ({decode.step_of_copy:.2f})",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

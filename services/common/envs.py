@@ -48,6 +48,10 @@ ENV_VARS: dict[str, EnvVar] = {
         ),
         EnvVar("TOKENLINE_QUANTIZATION", "scheduler: weight quantization, none or int8"),
         EnvVar(
+            "TOKENLINE_DECODE_COPY",
+            "scheduler: bf16 weights also in the decode kernel's layout (true or false)",
+        ),
+        EnvVar(
             "TOKENLINE_BUILD_KERNELS",
             "scheduler: 1 to compile the CPU kernels at start when none fit this machine",
         ),

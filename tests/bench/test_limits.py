@@ -12,6 +12,9 @@ import torch
 from bench import limits
 from services.scheduler.model_executor.models.config import ModelConfig
 from services.scheduler.transport.engine_build import load_kernels
+from tests.scheduler.conftest import kernel_model_dir, needs_compiler
+
+__all__ = ["kernel_model_dir"]  # the fixture, imported for this module's tests
 
 
 def test_a_run_reports_its_limits_and_the_ratios_to_them(
@@ -42,3 +45,21 @@ def test_a_run_reports_its_limits_and_the_ratios_to_them(
     assert prefill["tokens_per_s"] * prefill["seconds"] == pytest.approx(96)
     assert prefill["of_gemm"] == pytest.approx(prefill["tflops"] / bounds["gemm_tflops"])
     assert all(v > 0 for v in [*decode.values(), *prefill.values(), *bounds.values()])
+
+
+@needs_compiler
+def test_with_decode_copies_it_measures_decode_on_both_weights(
+    kernel_model_dir: Path, tmp_path: Path
+) -> None:
+    if not torch.ops.tokenline.bf16_blocks():
+        pytest.skip("the kernels are not built for AVX512-BF16 on this CPU")
+    out = tmp_path / "limits.json"
+    argv = ["--model", str(kernel_model_dir), "--dtype", "bfloat16", "--prompt-len", "96"]
+    small = ["--context", "16", "--repeats", "2", "--copy-mib", "16", "--gemm-rows", "64"]
+    limits.main([*argv, *small, "--decode-copy", "--out", str(out)])
+    report = json.loads(out.read_text())
+    decode, packed = report["decode"], report["decode_packed"]
+    assert packed is not None and packed["weight_gb"] == decode["weight_gb"]
+    for run in (decode, packed):
+        assert run["forward_gb_s"] == pytest.approx(run["weight_gb"] / run["forward_ms"] * 1e3)
+    assert report["args"]["decode_copy"] == "True"

@@ -14,6 +14,7 @@ from transformers import PreTrainedModel
 
 from services.scheduler.mem_cache.kv_pool import KVPool
 from services.scheduler.model_executor.forward_batch import ForwardBatch
+from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
 from services.scheduler.model_executor.models.config import ModelConfig
 from services.scheduler.model_executor.standalone_step import StandaloneStep
 
@@ -121,3 +122,17 @@ def assert_mixed_batch_matches_alone(
         torch.testing.assert_close(rows, expected[i], atol=FP32_ATOL, rtol=0.0)
         torch.testing.assert_close(last[i], expected[i][-1], atol=FP32_ATOL, rtol=0.0)
         start += len(chunk)
+
+
+def all_logits(model: NativeCausalLM, ids: list[int], decode: int) -> torch.Tensor:
+    """float32 logits of every position: ``ids[:-decode]`` in one prefill (many rows, the
+    dense path), then one decode step per remaining token (few rows: the decode kernels)."""
+    dtype = model.model.norm.weight.dtype
+    pool = new_pool(model.config, len(ids), dtype)
+    slots = pool.allocate(len(ids))
+    cut = len(ids) - decode
+    out = [model(ForwardBatch.build([ids[:cut]], [0], [slots[:cut]]), pool, all_logits=True)]
+    for pos in range(cut, len(ids)):
+        batch = ForwardBatch.build([[ids[pos]]], [pos], [slots[: pos + 1]])
+        out.append(model(batch, pool))
+    return torch.cat(out)

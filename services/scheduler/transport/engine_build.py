@@ -51,6 +51,7 @@ class SchedulerProcessConfig:
     model_impl: str  # auto | native | transformers (model/model_impl.py)
     batch_invariant: bool
     quantization: str  # none | int8 (model/quantization.py)
+    decode_copy: bool  # bf16 weights also in the decode kernel's layout (models/linear.py)
     kv_cache_tokens: int
     kv_cache_memory_mb: int
     max_running_requests: int
@@ -95,6 +96,7 @@ def build_scheduler(config: SchedulerProcessConfig) -> tuple[Scheduler, str]:
         batch_invariant=config.batch_invariant,
         decode_kernel=kernels.decode_attention,
         quantization=config.quantization,
+        decode_copy=config.decode_copy,
     )
     logger.info("model %s in %s on %s (%s)", config.model, choice.name, device, choice.reason)
     if kernels.row_kernels:

@@ -25,6 +25,14 @@ things make it faster and leaner under serving:
   batched). With ``row_tile`` set, every matmul runs on exactly that many rows, so each row
   meets the same kernel and the same reduction order whatever else is in the step; the
   extra rows and calls are the switch's cost (docs/batch-invariance.md).
+* **Decode copy (``--decode-copy``).** Where the engine's kernels are built at the
+  AVX512-BF16 level, a bf16 ``Linear`` also keeps its weight a second time in the layout of
+  ``ops/csrc/bf16_blocks.cpp``, which steps of up to ``DECODE_COPY_MAX_ROWS`` rows multiply
+  by: AVX512-BF16 pair dot products streaming the weight at 20-23 GB/s where oneDNN's
+  packed kernel read 13-14 (the 0.5B shape's layers and LM head at one row on the 2-core
+  AMX Xeon, in its slower phases; 0.8-0.95 of oneDNN's time in its quicker ones). Above four
+  rows the loop is bound by its dot products, so oneDNN's packed weight stays for those, and
+  the copy costs its memory: opt-in.
 * **int8 weights (``--quantization int8``).** A quantized layer multiplies through
   ``int8_weight.py`` instead, which neither packs nor pads (its kernels keep nothing per
   shape) and is batch-invariant by its kernel rather than by row tiles.
@@ -32,11 +40,16 @@ things make it faster and leaner under serving:
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from services.scheduler.model_executor.models.int8_weight import Int8Weight
+from services.scheduler.ops.cpu_kernels import is_registered
+
+logger = logging.getLogger(__name__)
 
 # The dtypes oneDNN packs on any x86 CPU torch supports (fp16 needs AVX512_FP16 or
 # AVX-NE-CONVERT, so it stays on plain F.linear, still through oneDNN, with row buckets).
@@ -53,6 +66,9 @@ INVARIANT_ROW_TILE = 16
 # 0.5B shape: 834-848 -> 716-737 ms (its linear layers 557-564 -> 446-454 ms).
 SLICE_ROWS = 512
 SLOW_BAND = (SLICE_ROWS + 1, 1280)
+# Rows up to which a layer with a decode copy multiplies by it (see the module docstring).
+DECODE_COPY_MAX_ROWS = 4
+_DECODE_COPY_OPS = ("pack_bf16_blocks", "bf16_blocks_mm")
 
 
 def _in_slow_band(rows: int, weight_shape: torch.Size) -> bool:
@@ -146,6 +162,7 @@ class Linear(nn.Linear, RowShaped):
 
     packed_weight: torch.Tensor | None = None  # opaque oneDNN tensor; a plain attribute
     quantized: Int8Weight | None = None  # set by ``quantize``; then ``weight`` is None
+    decode_copy: torch.Tensor | None = None  # set by ``copy_for_decode``
 
     @property
     def quantized_weights(self) -> bool:
@@ -154,7 +171,18 @@ class Linear(nn.Linear, RowShaped):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None:
             return self.quantized.matmul(x, self.bias)
+        if self.decode_copy is not None and x.shape[0] <= DECODE_COPY_MAX_ROWS:
+            out: torch.Tensor = torch.ops.tokenline.bf16_blocks_mm(
+                x, self.decode_copy, self.out_features
+            )
+            return out if self.bias is None else out.add_(self.bias)
         return self.matmul_rows(x, self.packed_weight, self.weight, self.bias)
+
+    @torch.no_grad()
+    def copy_for_decode(self) -> None:
+        """Keep the weight a second time in the decode kernel's layout (before ``pack``
+        drops the dense one)."""
+        self.decode_copy = torch.ops.tokenline.pack_bf16_blocks(self.weight.detach())
 
     @torch.no_grad()
     def pack(self, keep_dense: bool) -> None:
@@ -170,17 +198,49 @@ class Linear(nn.Linear, RowShaped):
         return self.quantized
 
 
+def decode_copy_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why ``--decode-copy`` cannot apply here, or None when it can."""
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        return f"it is for bf16 on CPU, and the model runs {dtype} on {device.type}"
+    if not all(is_registered(op) for op in _DECODE_COPY_OPS):
+        return "the engine's CPU kernels are not loaded (make kernels, or --build-kernels)"
+    if not torch.ops.tokenline.bf16_blocks():
+        return "this CPU's kernels are not built for AVX512-BF16"
+    return None
+
+
 def prepare_linears(
-    model: nn.Module, device: torch.device, dtype: torch.dtype, batch_invariant: bool = False
+    model: nn.Module,
+    device: torch.device,
+    dtype: torch.dtype,
+    batch_invariant: bool = False,
+    decode_copy: bool = False,
 ) -> str:
     """Set every ``Linear`` (and every other ``RowShaped`` module: MoE experts) of a loaded
     ``model`` up for ``device`` and ``dtype``: packed and padded where oneDNN runs them, in
-    fixed row tiles when ``batch_invariant`` (see the module docstring); a quantized one is
-    left to its own kernels. Returns what was done, for the start-up log."""
+    fixed row tiles when ``batch_invariant`` (see the module docstring), with a decode copy
+    when ``decode_copy`` and this machine can (else it says why and goes on without); a
+    quantized one is left to its own kernels. Returns what was done, for the start-up log."""
     layers: list[RowShaped] = [
         m for m in model.modules() if isinstance(m, RowShaped) and not m.quantized_weights
     ]
-    how = _pack_or_pad(model, layers, device, dtype)
+    copied = ""
+    if decode_copy and batch_invariant:
+        logger.warning("--decode-copy: off under --batch-invariant (its row tiles run 16 rows)")
+    elif decode_copy and (why := decode_copy_unavailable(device, dtype)) is not None:
+        logger.warning("--decode-copy: off, %s", why)
+    elif decode_copy:
+        count = 0
+        for layer in layers:
+            if (
+                isinstance(layer, Linear)
+                and layer.weight.dtype == torch.bfloat16  # not a router kept in float32
+                and layer.in_features % 2 == 0
+            ):
+                layer.copy_for_decode()
+                count += 1
+        copied = f", {count} with a decode copy for up to {DECODE_COPY_MAX_ROWS} rows"
+    how = _pack_or_pad(model, layers, device, dtype) + copied
     if not batch_invariant:
         return how
     for layer in layers:

@@ -63,6 +63,7 @@ def load_model(
     batch_invariant: bool = False,
     decode_kernel: bool = False,
     quantization: str = "none",
+    decode_copy: bool = False,
 ) -> tuple[NativeCausalLM | TransformersCausalLM, ModelConfig]:
     """Build the model for ``model_dir`` on ``device`` with its weights loaded, in eval mode,
     on the path ``model_impl`` (auto, native, transformers: ``model_impl.py``) picks.
@@ -71,7 +72,8 @@ def load_model(
     ``batch_invariant``: each row's result independent of the rest of its batch, at a cost
     (``linear.py``, ``torch_backend.py``). ``decode_kernel``: the compiled CPU decode
     attention kernel is loaded, for the backend to call (``torch_backend.py``).
-    ``quantization`` "int8": weight-only int8 (``quantization.py``). Raises
+    ``quantization`` "int8": weight-only int8 (``quantization.py``). ``decode_copy``: bf16
+    linear layers also keep their weight in the decode kernel's layout (``linear.py``). Raises
     ``UnsupportedModelError`` (one line) for a checkpoint the chosen path cannot run,
     ``QuantizationError`` (one line) for a quantization it cannot.
     """
@@ -100,7 +102,7 @@ def load_model(
     chosen = model.model.norm.weight.dtype
     if quantization == "int8":
         logger.info("model %s: %s", model_dir.name, quantize_model(model, batch_invariant))
-    linears = prepare_linears(model, device, chosen, batch_invariant)  # packing, row buckets
+    linears = prepare_linears(model, device, chosen, batch_invariant, decode_copy)
     logger.info(
         "model %s (%s): %s on %s, linear layers %s",
         model_dir.name,

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from services.scheduler.__main__ import parse_args, resolve_or_exit
-from services.scheduler.model_executor.forward_batch import ForwardBatch
 from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
 from services.scheduler.model_executor.models.int8_weight import (
     KERNEL_MAX_ROWS,
@@ -35,7 +34,7 @@ from services.scheduler.model_executor.models.quantization import (
 from tests.checkpoints import build_hf_model, save_checkpoint
 from tests.scheduler.conftest import needs_compiler
 from tests.scheduler.factories import make_req, make_scheduler, run_to_completion
-from tests.scheduler.parity import new_pool
+from tests.scheduler.parity import all_logits
 
 # Unit roundoffs: the kernel rounds rows and its output to bf16 and sums in float32.
 BF16_U = torch.finfo(torch.bfloat16).eps / 2
@@ -219,20 +218,6 @@ def checkpoints(
         )
         for name in ("qwen3", "qwen3_moe")
     }
-
-
-def all_logits(model: NativeCausalLM, ids: list[int], decode: int) -> torch.Tensor:
-    """float32 logits of every position: ``ids[:-decode]`` in one prefill (many rows, the
-    dense path), then one decode step per remaining token (the int8 kernel)."""
-    dtype = model.model.norm.weight.dtype
-    pool = new_pool(model.config, len(ids), dtype)
-    slots = pool.allocate(len(ids))
-    cut = len(ids) - decode
-    out = [model(ForwardBatch.build([ids[:cut]], [0], [slots[:cut]]), pool, all_logits=True)]
-    for pos in range(cut, len(ids)):
-        batch = ForwardBatch.build([[ids[pos]]], [pos], [slots[: pos + 1]])
-        out.append(model(batch, pool))
-    return torch.cat(out)
 
 
 def dequantized_reference(checkpoint: Path, dtype: torch.dtype) -> NativeCausalLM:

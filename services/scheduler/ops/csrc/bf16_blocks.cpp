@@ -1,0 +1,170 @@
+// bf16 linear layers at decode's few rows, on a copy of the weight packed at load into
+// blocks of 64 output channels in VNNI pairs: block b holds W[64b + c][2i + j] at
+// [b][i][c][j], i < K/2, so each K pair of a block is 256 contiguous bytes and a block is
+// one front-to-back stream. Used by model_executor/models/linear.py for steps of up to
+// DECODE_COPY_MAX_ROWS rows when --decode-copy is on.
+//
+// Why: a decode step at one row waits on the weight bytes, and oneDNN's packed bf16 matmul
+// streamed the 0.5B shape's layers at 13-14 GB/s on the 2-core AMX Xeon (model 207). This
+// loop reads 20-23 there: for each K pair, AVX512-BF16's pair dot product (vdpbf16ps) of
+// the block's four vectors of 16 channels against each row's broadcast x pair, up to four
+// rows at once (16 accumulators), with software prefetch ahead of the loads. Above four rows
+// it is bound by the dot products, so the layer keeps oneDNN's packed weight for those.
+//
+// Built only at the avx512_bf16 ISA level (the instruction needs it); bf16_blocks() says
+// whether this library has it.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kBlock = 64;  // output channels a block holds
+
+#if defined(__AVX512BF16__)
+constexpr int64_t kPairBytes = kBlock * 2 * 2;  // one K pair of a block: 256 bytes
+constexpr int64_t kMaxRows = 4;                  // rows kept in registers together
+// Software prefetch this many K pairs (2 KiB) ahead of the loads.
+constexpr int64_t kPrefetchPairs = 8;
+
+// out[m, 0..63] for MR rows of x (row stride ldx) and one block of K2 pairs, in float32.
+template <int64_t MR>
+void dot_block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* block, int64_t K2,
+               float* out) {
+  __m512 acc[MR][4];
+  for (int64_t m = 0; m < MR; ++m) {
+    for (int64_t j = 0; j < 4; ++j) acc[m][j] = _mm512_setzero_ps();
+  }
+  const char* pairs = reinterpret_cast<const char*>(block);
+  for (int64_t i = 0; i < K2; ++i) {
+    const char* pair = pairs + i * kPairBytes;
+    for (int64_t line = 0; line < kPairBytes; line += 64) {
+      _mm_prefetch(pair + kPrefetchPairs * kPairBytes + line, _MM_HINT_T0);
+    }
+    __m512bh w[4];
+    for (int64_t j = 0; j < 4; ++j) w[j] = (__m512bh)_mm512_loadu_si512(pair + 64 * j);
+    for (int64_t m = 0; m < MR; ++m) {
+      int32_t x_pair;
+      std::memcpy(&x_pair, x + m * ldx + 2 * i, sizeof(x_pair));
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(x_pair);
+      for (int64_t j = 0; j < 4; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], w[j], xv);
+    }
+  }
+  for (int64_t m = 0; m < MR; ++m) {
+    for (int64_t j = 0; j < 4; ++j) _mm512_storeu_ps(out + m * kBlock + 16 * j, acc[m][j]);
+  }
+}
+
+void dot_rows(int64_t rows, const at::BFloat16* x, int64_t ldx, const at::BFloat16* block,
+              int64_t K2, float* out) {
+  switch (rows) {
+    case 4: return dot_block<4>(x, ldx, block, K2, out);
+    case 3: return dot_block<3>(x, ldx, block, K2, out);
+    case 2: return dot_block<2>(x, ldx, block, K2, out);
+    default: return dot_block<1>(x, ldx, block, K2, out);
+  }
+}
+
+// The first `channels` of each of `rows` float32 rows (stride kBlock) into out (stride ldo),
+// rounded to nearest even sixteen at a time.
+void store_rows(const float* products, int64_t rows, int64_t channels, at::BFloat16* out,
+                int64_t ldo) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < channels; c += 16) {
+      const __m256bh half = _mm512_cvtneps_pbh(_mm512_loadu_ps(products + r * kBlock + c));
+      const __mmask16 keep = channels - c >= 16 ? 0xFFFF : (1u << (channels - c)) - 1;
+      _mm256_mask_storeu_epi16(out + r * ldo + c, keep, (__m256i)half);
+    }
+  }
+}
+#endif
+
+bool bf16_blocks() {
+#if defined(__AVX512BF16__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+at::Tensor pack_bf16_blocks(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16,
+              "pack_bf16_blocks: weight must be bf16 [N, K]");
+  const int64_t N = weight.size(0), K = weight.size(1);
+  TORCH_CHECK(K % 2 == 0, "pack_bf16_blocks: K must be even");
+  const at::Tensor plain = weight.contiguous();
+  const int64_t num_blocks = (N + kBlock - 1) / kBlock;
+  at::Tensor packed = at::zeros({num_blocks, K / 2, kBlock, 2}, weight.options());
+  const at::BFloat16* wp = plain.data_ptr<at::BFloat16>();
+  at::BFloat16* pp = packed.data_ptr<at::BFloat16>();
+  at::parallel_for(0, num_blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t channels = std::min(kBlock, N - b * kBlock);
+      at::BFloat16* block = pp + b * K * kBlock;
+      for (int64_t c = 0; c < channels; ++c) {
+        const at::BFloat16* row = wp + (b * kBlock + c) * K;
+        for (int64_t k = 0; k < K; ++k) block[(k / 2) * kBlock * 2 + c * 2 + k % 2] = row[k];
+      }
+    }
+  });
+  return packed;
+}
+
+// x [M, K] bf16 times the packed weight's [N, K]^T: [M, N] bf16. Any M (rows beyond four
+// take more passes over each block, from cache), though it pays only for few.
+at::Tensor bf16_blocks_mm(const at::Tensor& x, const at::Tensor& packed, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16,
+              "bf16_blocks_mm: x must be bf16 [M, K]");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kBlock && packed.size(3) == 2 &&
+                  packed.scalar_type() == at::kBFloat16 && packed.is_contiguous(),
+              "bf16_blocks_mm: packed must come from pack_bf16_blocks");
+  const int64_t M = x.size(0), K = x.size(1), num_blocks = packed.size(0);
+  TORCH_CHECK(packed.size(1) * 2 == K && (N + kBlock - 1) / kBlock == num_blocks,
+              "bf16_blocks_mm: x, packed and N disagree");
+#if defined(__AVX512BF16__)
+  const at::Tensor rows = x.contiguous();
+  const at::BFloat16* xp = rows.data_ptr<at::BFloat16>();
+  const at::BFloat16* pp = packed.data_ptr<at::BFloat16>();
+  at::Tensor out = at::empty({M, N}, x.options());
+  at::BFloat16* op = out.data_ptr<at::BFloat16>();
+  at::parallel_for(0, num_blocks, 1, [&](int64_t begin, int64_t end) {
+    float products[kMaxRows * kBlock];
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t n = b * kBlock, channels = std::min(kBlock, N - n);
+      for (int64_t first = 0; first < M; first += kMaxRows) {
+        const int64_t count = std::min(kMaxRows, M - first);
+        dot_rows(count, xp + first * K, K, pp + b * K * kBlock, K / 2, products);
+        store_rows(products, count, channels, op + first * N + n, N);
+      }
+    }
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "bf16_blocks_mm: this library was built without AVX512-BF16");
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(tokenline, m) {
+  m.def("bf16_blocks() -> bool", &bf16_blocks);
+  m.def("pack_bf16_blocks(Tensor weight) -> Tensor");
+  m.def("bf16_blocks_mm(Tensor x, Tensor packed, int N) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(tokenline, CPU, m) {
+  m.impl("pack_bf16_blocks", &pack_bf16_blocks);
+  m.impl("bf16_blocks_mm", &bf16_blocks_mm);
+}

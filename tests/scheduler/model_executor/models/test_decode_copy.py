@@ -1,0 +1,121 @@
+"""--decode-copy: bf16 linear layers that also keep their weight in the layout of the
+engine's decode kernel (ops/csrc/bf16_blocks.cpp) and take it for steps of up to
+DECODE_COPY_MAX_ROWS rows; oneDNN's packed weight above. The kernel runs where the
+engine's library is built at the AVX512-BF16 level; elsewhere the flag is off with a reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.scheduler.__main__ import parse_args
+from services.scheduler.model_executor.models.linear import (
+    DECODE_COPY_MAX_ROWS,
+    Linear,
+    decode_copy_unavailable,
+    prepare_linears,
+)
+from services.scheduler.model_executor.models.loader import load_model
+from tests.checkpoints import build_hf_model, save_checkpoint
+from tests.scheduler.conftest import needs_compiler
+from tests.scheduler.parity import all_logits
+
+CPU = torch.device("cpu")
+BF16_U = torch.finfo(torch.bfloat16).eps / 2
+FP32_U = torch.finfo(torch.float32).eps / 2
+
+
+@pytest.fixture
+def block_kernel(kernel_model_dir: Path) -> None:
+    """The engine's library loaded, and its decode kernel built for this CPU."""
+    if not torch.ops.tokenline.bf16_blocks():
+        pytest.skip("the kernels are not built for AVX512-BF16 on this CPU")
+
+
+def within_bound(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Within a float32 sum of the exact bf16 products, rounded once to bf16."""
+    exact = x.double() @ weight.double().T
+    bound = (BF16_U + 2 * x.shape[1] * FP32_U) * (x.double().abs() @ weight.double().abs().T)
+    return bool(((got.double() - exact).abs() <= bound).all())
+
+
+@needs_compiler
+@pytest.mark.parametrize(
+    ("rows", "outputs", "width"),
+    [(1, 83, 100), (3, 130, 16), (4, 64, 4864), (7, 7, 34), (13, 200, 896)],
+    ids=["1x83x100", "3x130x16", "4x64x4864", "7x7x34", "13x200x896"],
+)
+def test_the_block_kernel_is_the_product_at_any_shape(
+    block_kernel: None, rows: int, outputs: int, width: int
+) -> None:
+    """Output channels that fill no 64-channel block, rows past the four kept in registers
+    (more passes), K from 16 to 4,864."""
+    gen = torch.Generator().manual_seed(rows * width)
+    weight = torch.randn(outputs, width, generator=gen).to(torch.bfloat16)
+    x = torch.randn(2 * rows, width, generator=gen).to(torch.bfloat16)[::2]  # not contiguous
+    packed = torch.ops.tokenline.pack_bf16_blocks(weight)
+    assert packed.shape == (-(-outputs // 64), width // 2, 64, 2)
+    got = torch.ops.tokenline.bf16_blocks_mm(x, packed, outputs)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, outputs)
+    assert within_bound(got, x, weight)
+
+
+@needs_compiler
+def test_a_layer_takes_its_copy_up_to_four_rows_and_the_packed_weight_above(
+    block_kernel: None,
+) -> None:
+    """Routing, shown with a copy of another weight (zeros, a FAKE copy): up to
+    DECODE_COPY_MAX_ROWS rows give the bias alone, more the real product."""
+    torch.manual_seed(0)
+    layer = Linear(96, 80, bias=True, dtype=torch.bfloat16)
+    weight = layer.weight.detach().clone()
+    how = prepare_linears(layer, CPU, torch.bfloat16, decode_copy=True)
+    assert "1 with a decode copy" in how and layer.decode_copy is not None
+    x = torch.randn(DECODE_COPY_MAX_ROWS + 3, 96, dtype=torch.bfloat16)
+    for rows in (1, DECODE_COPY_MAX_ROWS):
+        got = layer(x[:rows]) - layer.bias
+        assert within_bound(got, x[:rows], weight)
+    packed_rows = layer(x)
+    layer.decode_copy = torch.ops.tokenline.pack_bf16_blocks(torch.zeros_like(weight))
+    assert torch.equal(layer(x[:DECODE_COPY_MAX_ROWS]), layer.bias.expand(DECODE_COPY_MAX_ROWS, 80))
+    assert torch.equal(layer(x), packed_rows)
+
+
+def test_the_copy_is_off_with_a_reason_where_it_cannot_apply() -> None:
+    layer = Linear(64, 32, dtype=torch.float32)
+    how = prepare_linears(layer, CPU, torch.float32, decode_copy=True)
+    assert layer.decode_copy is None and "decode copy" not in how
+    assert "bf16 on CPU" in str(decode_copy_unavailable(CPU, torch.float32))
+    invariant = Linear(64, 32, dtype=torch.bfloat16)
+    prepare_linears(invariant, CPU, torch.bfloat16, batch_invariant=True, decode_copy=True)
+    assert invariant.decode_copy is None
+
+
+def test_the_flag_and_its_environment_variable(
+    default_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert not parse_args(["--model", str(default_model_dir)]).decode_copy
+    assert parse_args(["--model", str(default_model_dir), "--decode-copy"]).decode_copy
+    monkeypatch.setenv("TOKENLINE_DECODE_COPY", "true")
+    assert parse_args(["--model", str(default_model_dir)]).decode_copy
+
+
+@needs_compiler
+def test_a_model_with_the_copy_decodes_as_close_to_float32_as_without(
+    block_kernel: None, tmp_path: Path, default_model_dir: Path
+) -> None:
+    """Every projection and the tied LM head get a copy; the decode steps' logits (one row:
+    the copies) differ from the float32 model's by about what the packed bf16 model's do."""
+    checkpoint = save_checkpoint(build_hf_model("qwen3"), tmp_path, default_model_dir)
+    copied, _ = load_model(checkpoint, torch.bfloat16, "cpu", decode_copy=True)
+    linears = [m for m in copied.modules() if isinstance(m, Linear)]
+    assert linears and all(m.decode_copy is not None for m in linears)
+    packed, _ = load_model(checkpoint, torch.bfloat16, "cpu")
+    reference, _ = load_model(checkpoint, torch.float32, "cpu")
+    ids = [0, *range(1000, 1020)]
+    want = all_logits(reference, ids, decode=4)[-4:]
+    copy_error = (all_logits(copied, ids, decode=4)[-4:] - want).abs().mean(dim=-1)
+    packed_error = (all_logits(packed, ids, decode=4)[-4:] - want).abs().mean(dim=-1)
+    assert (copy_error <= 2 * packed_error).all(), (copy_error, packed_error)
