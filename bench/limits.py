@@ -142,14 +142,25 @@ def measure_decode(scheduler: Scheduler, context: int, copy_gb_s: float, repeats
 def without_decode_copies(model: torch.nn.Module) -> Iterator[None]:
     """The model's linear layers on oneDNN's packed weights alone for the block (their
     decode copies set aside, then put back)."""
-    held = {layer: layer.decode_copy for layer in linears(model) if layer.decode_copy is not None}
-    for layer in held:
-        layer.decode_copy = None
+    held = decode_copies(model)
+    for module, attribute in held:
+        setattr(module, attribute, None)
     try:
         yield
     finally:
-        for layer, copy in held.items():
-            layer.decode_copy = copy
+        for (module, attribute), copy in held.items():
+            setattr(module, attribute, copy)
+
+
+def decode_copies(model: torch.nn.Module) -> dict[tuple[torch.nn.Module, str], Any]:
+    """Every decode copy of the model, by (module, attribute): a ``Linear``'s
+    ``decode_copy``, the MoE experts' ``decode_copies``."""
+    return {
+        (module, attribute): getattr(module, attribute)
+        for module in model.modules()
+        for attribute in ("decode_copy", "decode_copies")
+        if getattr(module, attribute, None) is not None
+    }
 
 
 def measure_decode_both(
@@ -273,14 +284,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         f"{rows} rows {limits.gemm_tflops:.2f} TFLOP/s ({str(dtype).removeprefix('torch.')})",
         flush=True,
     )
-    copies = sum(1 for layer in linears(model) if layer.decode_copy is not None)
+    copies = len(decode_copies(model))
     packed = None
     if copies:
         packed, decode = measure_decode_both(
             scheduler, args.context, limits.copy_gb_s, args.repeats
         )
         print_decode("decode C=1, oneDNN's packed weights", packed)
-        print_decode(f"decode C=1, {copies} decode copies", decode)
+        print_decode(f"decode C=1, decode copies in {copies} modules", decode)
         print(f"decode copies / packed forward time: {decode.forward_ms / packed.forward_ms:.2f}")
     else:
         decode = measure_decode(scheduler, args.context, limits.copy_gb_s, args.repeats)

@@ -126,6 +126,12 @@ class RowShaped:
         """Reorder the weights for oneDNN; free the dense ones unless ``keep_dense``."""
         raise NotImplementedError
 
+    def copy_for_decode(self) -> bool:
+        """Keep the bf16 weights a second time in the decode kernel's layout (before
+        ``pack`` drops the dense ones); False, and nothing kept, where they are not bf16
+        or their inner width is odd."""
+        raise NotImplementedError
+
     def matmul_rows(
         self,
         x: torch.Tensor,
@@ -172,17 +178,16 @@ class Linear(nn.Linear, RowShaped):
         if self.quantized is not None:
             return self.quantized.matmul(x, self.bias)
         if self.decode_copy is not None and x.shape[0] <= DECODE_COPY_MAX_ROWS:
-            out: torch.Tensor = torch.ops.tokenline.bf16_blocks_mm(
-                x, self.decode_copy, self.out_features
-            )
+            out = decode_copy_matmul(x, self.decode_copy, self.out_features)
             return out if self.bias is None else out.add_(self.bias)
         return self.matmul_rows(x, self.packed_weight, self.weight, self.bias)
 
     @torch.no_grad()
-    def copy_for_decode(self) -> None:
-        """Keep the weight a second time in the decode kernel's layout (before ``pack``
-        drops the dense one)."""
+    def copy_for_decode(self) -> bool:
+        if not can_copy_for_decode(self.weight):  # a router kept in float32
+            return False
         self.decode_copy = torch.ops.tokenline.pack_bf16_blocks(self.weight.detach())
+        return True
 
     @torch.no_grad()
     def pack(self, keep_dense: bool) -> None:
@@ -196,6 +201,16 @@ class Linear(nn.Linear, RowShaped):
         self.quantized = Int8Weight.quantize(self.weight, row_independent)
         self.weight = None  # type: ignore[assignment]
         return self.quantized
+
+
+def can_copy_for_decode(weight: torch.Tensor) -> bool:
+    return weight.dtype == torch.bfloat16 and weight.shape[-1] % 2 == 0
+
+
+def decode_copy_matmul(x: torch.Tensor, copy: torch.Tensor, out_features: int) -> torch.Tensor:
+    """``x @ weight.T`` by the weight's decode copy."""
+    out: torch.Tensor = torch.ops.tokenline.bf16_blocks_mm(x, copy, out_features)
+    return out
 
 
 def decode_copy_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -230,15 +245,7 @@ def prepare_linears(
     elif decode_copy and (why := decode_copy_unavailable(device, dtype)) is not None:
         logger.warning("--decode-copy: off, %s", why)
     elif decode_copy:
-        count = 0
-        for layer in layers:
-            if (
-                isinstance(layer, Linear)
-                and layer.weight.dtype == torch.bfloat16  # not a router kept in float32
-                and layer.in_features % 2 == 0
-            ):
-                layer.copy_for_decode()
-                count += 1
+        count = sum(layer.copy_for_decode() for layer in layers)
         copied = f", {count} with a decode copy for up to {DECODE_COPY_MAX_ROWS} rows"
     how = _pack_or_pad(model, layers, device, dtype) + copied
     if not batch_invariant:

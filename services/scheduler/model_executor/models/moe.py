@@ -8,9 +8,10 @@ one ``index_add_``. The expert weights live stacked in ``[num_experts, ...]`` pa
 expert's pair for oneDNN and pads or tiles its rows as it does a ``Linear``'s
 (``linear.py``): a decode step gives most experts one to three rows, where oneDNN's packed
 matmul streams the weight about 1.6x as fast as ``F.linear`` from the [out, in] layout.
-With ``--quantization int8`` each expert's weights are int8 (``int8_weight.py``); the
-router stays in full precision, since a rounded router score can send a token to another
-expert.
+With ``--decode-copy`` an expert of up to four rows multiplies by its weights' decode
+copies (``linear.py``). With ``--quantization int8`` each expert's weights are int8
+(``int8_weight.py``); the router stays in full precision, since a rounded router score can
+send a token to another expert.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from torch import nn
 from services.scheduler.model_executor.models.config import ModelConfig, MoeConfig
 from services.scheduler.model_executor.models.int8_weight import Int8Weight
 from services.scheduler.model_executor.models.layers import ACTIVATIONS, MLP, gated
-from services.scheduler.model_executor.models.linear import Linear, RowShaped
+from services.scheduler.model_executor.models.linear import (
+    DECODE_COPY_MAX_ROWS,
+    Linear,
+    RowShaped,
+    can_copy_for_decode,
+    decode_copy_matmul,
+)
 
 
 class Experts(nn.Module, RowShaped):
@@ -40,6 +47,8 @@ class Experts(nn.Module, RowShaped):
         self.int8: list[tuple[Int8Weight, Int8Weight]] | None = None
         # Per expert (gate_up, down) in oneDNN's layout once ``pack`` has run; likewise.
         self.packed: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        # Per expert (gate_up, down) in the decode kernel's layout (``--decode-copy``).
+        self.decode_copies: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.gate_up_proj = nn.Parameter(torch.empty(moe.num_experts, 2 * size, hidden))
         self.down_proj = nn.Parameter(torch.empty(moe.num_experts, hidden, size))
         self.act = ACTIVATIONS[config.hidden_act]
@@ -69,6 +78,10 @@ class Experts(nn.Module, RowShaped):
         if self.int8 is not None:
             gate_up_int8, down_int8 = self.int8[expert]
             return down_int8.matmul(self._activate(gate_up_int8.matmul(x)))
+        if self.decode_copies is not None and x.shape[0] <= DECODE_COPY_MAX_ROWS:
+            gate_up_copy, down_copy = self.decode_copies[expert]
+            hidden = self._activate(decode_copy_matmul(x, gate_up_copy, 2 * self.intermediate_size))
+            return decode_copy_matmul(hidden, down_copy, x.shape[1])
         if self.packed is not None:
             gate_up_packed, down_packed = self.packed[expert]
             hidden = self._activate(self.matmul_rows(x, gate_up_packed, None))
@@ -94,6 +107,18 @@ class Experts(nn.Module, RowShaped):
         ]
         if not keep_dense:
             self.gate_up_proj = self.down_proj = None  # type: ignore[assignment]
+
+    @torch.no_grad()
+    def copy_for_decode(self) -> bool:
+        stacks = (self.gate_up_proj, self.down_proj)
+        if not all(can_copy_for_decode(stack) for stack in stacks):
+            return False
+        pack = torch.ops.tokenline.pack_bf16_blocks
+        self.decode_copies = [
+            (pack(self.gate_up_proj[e].detach()), pack(self.down_proj[e].detach()))
+            for e in range(self.num_experts)
+        ]
+        return True
 
     def quantize(self, row_independent: bool) -> None:
         """Hold every expert's weights as int8 and free the float stacks."""

@@ -1,6 +1,6 @@
-"""--decode-copy: bf16 linear layers that also keep their weight in the layout of the
-engine's decode kernel (ops/csrc/bf16_blocks.cpp) and take it for steps of up to
-DECODE_COPY_MAX_ROWS rows; oneDNN's packed weight above. The kernel runs where the
+"""--decode-copy: bf16 linear layers and MoE experts that also keep their weights in the
+layout of the engine's decode kernel (ops/csrc/bf16_blocks.cpp) and take it for steps of up
+to DECODE_COPY_MAX_ROWS rows; oneDNN's packed weights above. The kernel runs where the
 engine's library is built at the AVX512-BF16 level; elsewhere the flag is off with a reason."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from services.scheduler.model_executor.models.linear import (
     prepare_linears,
 )
 from services.scheduler.model_executor.models.loader import load_model
+from services.scheduler.model_executor.models.moe import Experts
 from tests.checkpoints import build_hf_model, save_checkpoint
 from tests.scheduler.conftest import needs_compiler
 from tests.scheduler.parity import all_logits
@@ -103,15 +104,22 @@ def test_the_flag_and_its_environment_variable(
 
 
 @needs_compiler
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
 def test_a_model_with_the_copy_decodes_as_close_to_float32_as_without(
-    block_kernel: None, tmp_path: Path, default_model_dir: Path
+    block_kernel: None, tmp_path: Path, default_model_dir: Path, name: str
 ) -> None:
-    """Every projection and the tied LM head get a copy; the decode steps' logits (one row:
-    the copies) differ from the float32 model's by about what the packed bf16 model's do."""
-    checkpoint = save_checkpoint(build_hf_model("qwen3"), tmp_path, default_model_dir)
+    """Every projection, every expert and the tied LM head get a copy; the decode steps'
+    logits (one row: the copies) differ from the float32 model's by about what the packed
+    bf16 model's do."""
+    checkpoint = save_checkpoint(build_hf_model(name), tmp_path, default_model_dir)
     copied, _ = load_model(checkpoint, torch.bfloat16, "cpu", decode_copy=True)
     linears = [m for m in copied.modules() if isinstance(m, Linear)]
     assert linears and all(m.decode_copy is not None for m in linears)
+    experts = [m for m in copied.modules() if isinstance(m, Experts)]
+    assert (name == "qwen3_moe") == bool(experts)
+    for module in experts:
+        assert module.decode_copies is not None
+        assert len(module.decode_copies) == module.num_experts
     packed, _ = load_model(checkpoint, torch.bfloat16, "cpu")
     reference, _ = load_model(checkpoint, torch.float32, "cpu")
     ids = [0, *range(1000, 1020)]
