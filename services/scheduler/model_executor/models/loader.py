@@ -89,6 +89,8 @@ def load_model(
             )
         chosen = choose_dtype(dtype, impl.dtype, device).dtype
         checkpoint_files(model_dir)  # refuses a folder without safetensors in one line
+        if decode_copy:
+            logger.warning("--decode-copy: off, the transformers path runs transformers' layers")
         # Imported on use: transformers' modeling stack costs seconds of CPU to import and
         # a natively served model never touches it.
         from services.scheduler.model_executor.models.transformers_model import (
