@@ -126,10 +126,10 @@ class RowShaped:
         """Reorder the weights for oneDNN; free the dense ones unless ``keep_dense``."""
         raise NotImplementedError
 
-    def copy_for_decode(self) -> bool:
+    def copy_for_decode(self) -> int:
         """Keep the bf16 weights a second time in the decode kernel's layout (before
-        ``pack`` drops the dense ones); False, and nothing kept, where they are not bf16
-        or their inner width is odd."""
+        ``pack`` drops the dense ones); returns the bytes kept: 0, and nothing kept, where
+        they are not bf16 or their inner width is odd."""
         raise NotImplementedError
 
     def matmul_rows(
@@ -183,11 +183,11 @@ class Linear(nn.Linear, RowShaped):
         return self.matmul_rows(x, self.packed_weight, self.weight, self.bias)
 
     @torch.no_grad()
-    def copy_for_decode(self) -> bool:
+    def copy_for_decode(self) -> int:
         if not can_copy_for_decode(self.weight):  # a router kept in float32
-            return False
+            return 0
         self.decode_copy = torch.ops.tokenline.pack_bf16_blocks(self.weight.detach())
-        return True
+        return self.decode_copy.nbytes
 
     @torch.no_grad()
     def pack(self, keep_dense: bool) -> None:
@@ -245,8 +245,12 @@ def prepare_linears(
     elif decode_copy and (why := decode_copy_unavailable(device, dtype)) is not None:
         logger.warning("--decode-copy: off, %s", why)
     elif decode_copy:
-        count = sum(layer.copy_for_decode() for layer in layers)
-        copied = f", {count} with a decode copy for up to {DECODE_COPY_MAX_ROWS} rows"
+        sizes = [layer.copy_for_decode() for layer in layers]
+        count, gib = sum(1 for size in sizes if size), sum(sizes) / 2**30
+        copied = (
+            f", {count} with a decode copy for up to {DECODE_COPY_MAX_ROWS} rows "
+            f"({gib:.2f} GiB more memory)"
+        )
     how = _pack_or_pad(model, layers, device, dtype) + copied
     if not batch_invariant:
         return how

@@ -109,16 +109,16 @@ class Experts(nn.Module, RowShaped):
             self.gate_up_proj = self.down_proj = None  # type: ignore[assignment]
 
     @torch.no_grad()
-    def copy_for_decode(self) -> bool:
+    def copy_for_decode(self) -> int:
         stacks = (self.gate_up_proj, self.down_proj)
         if not all(can_copy_for_decode(stack) for stack in stacks):
-            return False
+            return 0
         pack = torch.ops.tokenline.pack_bf16_blocks
         self.decode_copies = [
             (pack(self.gate_up_proj[e].detach()), pack(self.down_proj[e].detach()))
             for e in range(self.num_experts)
         ]
-        return True
+        return sum(gate_up.nbytes + down.nbytes for gate_up, down in self.decode_copies)
 
     def quantize(self, row_independent: bool) -> None:
         """Hold every expert's weights as int8 and free the float stacks."""

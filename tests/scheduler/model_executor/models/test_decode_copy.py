@@ -74,6 +74,8 @@ def test_a_layer_takes_its_copy_up_to_four_rows_and_the_packed_weight_above(
     weight = layer.weight.detach().clone()
     how = prepare_linears(layer, CPU, torch.bfloat16, decode_copy=True)
     assert "1 with a decode copy" in how and layer.decode_copy is not None
+    assert "GiB more memory" in how
+    assert layer.decode_copy.nbytes == 2 * 64 * 96 * 2  # 80 channels fill 2 blocks of 64
     x = torch.randn(DECODE_COPY_MAX_ROWS + 3, 96, dtype=torch.bfloat16)
     for rows in (1, DECODE_COPY_MAX_ROWS):
         got = layer(x[:rows]) - layer.bias
