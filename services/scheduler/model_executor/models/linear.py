@@ -138,11 +138,18 @@ class RowShaped:
         packed: torch.Tensor | None,
         dense: torch.Tensor | None,
         bias: torch.Tensor | None = None,
+        decode_copy: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``x @ weight.T (+ bias)`` by the packed weight if there is one, else the dense
-        one, with ``x``'s rows padded to their bucket or run in tiles as this module is
-        set up (the padding rows are dropped after)."""
+        """``x @ weight.T (+ bias)`` by the weight's decode copy if it has one and ``x`` is
+        at most ``DECODE_COPY_MAX_ROWS`` rows, else by the packed weight if there is one,
+        else the dense one, with ``x``'s rows padded to their bucket or run in tiles as this
+        module is set up (the padding rows are dropped after)."""
         num_rows = x.shape[0]
+        if decode_copy is not None and num_rows <= DECODE_COPY_MAX_ROWS:
+            weight = packed if packed is not None else dense
+            assert weight is not None
+            out: torch.Tensor = torch.ops.tokenline.bf16_blocks_mm(x, decode_copy, weight.shape[0])
+            return out if bias is None else out.add_(bias)
         if self.row_tile:
             padded = -(-num_rows // self.row_tile) * self.row_tile
         else:
@@ -177,10 +184,7 @@ class Linear(nn.Linear, RowShaped):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None:
             return self.quantized.matmul(x, self.bias)
-        if self.decode_copy is not None and x.shape[0] <= DECODE_COPY_MAX_ROWS:
-            out = decode_copy_matmul(x, self.decode_copy, self.out_features)
-            return out if self.bias is None else out.add_(self.bias)
-        return self.matmul_rows(x, self.packed_weight, self.weight, self.bias)
+        return self.matmul_rows(x, self.packed_weight, self.weight, self.bias, self.decode_copy)
 
     @torch.no_grad()
     def copy_for_decode(self) -> int:
@@ -205,12 +209,6 @@ class Linear(nn.Linear, RowShaped):
 
 def can_copy_for_decode(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.bfloat16 and weight.shape[-1] % 2 == 0
-
-
-def decode_copy_matmul(x: torch.Tensor, copy: torch.Tensor, out_features: int) -> torch.Tensor:
-    """``x @ weight.T`` by the weight's decode copy."""
-    out: torch.Tensor = torch.ops.tokenline.bf16_blocks_mm(x, copy, out_features)
-    return out
 
 
 def decode_copy_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:

@@ -23,11 +23,9 @@ from services.scheduler.model_executor.models.config import ModelConfig, MoeConf
 from services.scheduler.model_executor.models.int8_weight import Int8Weight
 from services.scheduler.model_executor.models.layers import ACTIVATIONS, MLP, gated
 from services.scheduler.model_executor.models.linear import (
-    DECODE_COPY_MAX_ROWS,
     Linear,
     RowShaped,
     can_copy_for_decode,
-    decode_copy_matmul,
 )
 
 
@@ -78,16 +76,14 @@ class Experts(nn.Module, RowShaped):
         if self.int8 is not None:
             gate_up_int8, down_int8 = self.int8[expert]
             return down_int8.matmul(self._activate(gate_up_int8.matmul(x)))
-        if self.decode_copies is not None and x.shape[0] <= DECODE_COPY_MAX_ROWS:
-            gate_up_copy, down_copy = self.decode_copies[expert]
-            hidden = self._activate(decode_copy_matmul(x, gate_up_copy, 2 * self.intermediate_size))
-            return decode_copy_matmul(hidden, down_copy, x.shape[1])
+        copies = (None, None) if self.decode_copies is None else self.decode_copies[expert]
         if self.packed is not None:
             gate_up_packed, down_packed = self.packed[expert]
-            hidden = self._activate(self.matmul_rows(x, gate_up_packed, None))
-            return self.matmul_rows(hidden, down_packed, None)
-        hidden = self._activate(self.matmul_rows(x, None, self.gate_up_proj[expert]))
-        return self.matmul_rows(hidden, None, self.down_proj[expert])
+            hidden = self._activate(self.matmul_rows(x, gate_up_packed, None, None, copies[0]))
+            return self.matmul_rows(hidden, down_packed, None, None, copies[1])
+        gate_up, down = self.gate_up_proj[expert], self.down_proj[expert]
+        hidden = self._activate(self.matmul_rows(x, None, gate_up, None, copies[0]))
+        return self.matmul_rows(hidden, None, down, None, copies[1])
 
     def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
         return gated(gate_up, self.act, self.intermediate_size, self.kernel)
