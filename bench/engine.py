@@ -62,7 +62,7 @@ class BenchArgs:
     temperatures: list[float]
     attention_backend: str = "torch"
     heap_tuning: bool = True  # transport/heap.py, on in the server by default
-    decode_copy: bool = False  # the scheduler's --decode-copy (models/linear.py)
+    decode_copy: bool | None = None  # the scheduler's --decode-copy (None: its auto)
 
 
 @dataclass(slots=True)

@@ -11,8 +11,8 @@ prefill against GEMM throughput (issue #36, items 2 and 3).
   prefill;
 * **decode at C = 1**: the bare forward of one token (all layers and the LM head) and the
   engine's whole ``step()`` at a short context, as weight bytes streamed per second; with
-  ``--decode-copy``, once on oneDNN's packed weights and once on the decode copies
-  (the scheduler's ``--decode-copy``), alternating, and their ratio;
+  decode copies (the scheduler's ``--decode-copy``, kept by default where they fit), once
+  on oneDNN's packed weights and once on the copies, alternating, and their ratio;
 * **prefill**: one long prompt prefilled through the scheduler's chunked steps, as prompt
   tokens/s times FLOPs per token (linear layers plus causal attention) over the GEMM
   throughput.
@@ -243,8 +243,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-threads", type=int, default=0, help="torch threads (0: default)")
     p.add_argument(
         "--decode-copy",
-        action="store_true",
-        help="load with the scheduler's --decode-copy and measure decode with and without it",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the scheduler's --decode-copy (default: its auto choice); where the model has "
+        "decode copies, decode is measured with and without them",
     )
     p.add_argument(
         "--heap-tuning",

@@ -49,7 +49,8 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar("TOKENLINE_QUANTIZATION", "scheduler: weight quantization, none or int8"),
         EnvVar(
             "TOKENLINE_DECODE_COPY",
-            "scheduler: bf16 weights also in the decode kernel's layout (true or false)",
+            "scheduler: bf16 weights also in the decode kernel's layout (true or false; "
+            "unset: where they fit a quarter of the memory)",
         ),
         EnvVar(
             "TOKENLINE_BUILD_KERNELS",

@@ -145,6 +145,8 @@ def default_cell(action: argparse.Action) -> str:
     value = action.default
     if action.required:
         return "required"
+    if value is None and isinstance(action, argparse.BooleanOptionalAction):
+        return "auto"  # neither flag given: the program decides (its help says how)
     if value is None or value == "":
         return "none"
     if isinstance(value, bool):

@@ -31,8 +31,11 @@ things make it faster and leaner under serving:
   by: AVX512-BF16 pair dot products streaming the weight at 20-23 GB/s where oneDNN's
   packed kernel read 13-14 (the 0.5B shape's layers and LM head at one row on the 2-core
   AMX Xeon, in its slower phases; 0.8-0.95 of oneDNN's time in its quicker ones). Above four
-  rows the loop is bound by its dot products, so oneDNN's packed weight stays for those, and
-  the copy costs its memory: opt-in.
+  rows the loop is bound by its dot products, so oneDNN's packed weight stays for those.
+  The copy costs its memory, so by default (``decode_copy`` None: auto) it is kept only
+  where it takes at most ``DECODE_COPY_AUTO_SHARE`` of the memory this process may use
+  (``services/common/memory.py``: the machine's, capped by its cgroup's limit);
+  ``--decode-copy`` keeps it whatever it takes, ``--no-decode-copy`` never.
 * **int8 weights (``--quantization int8``).** A quantized layer multiplies through
   ``int8_weight.py`` instead, which neither packs nor pads (its kernels keep nothing per
   shape) and is batch-invariant by its kernel rather than by row tiles.
@@ -46,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.common.memory import usable_memory_bytes
 from services.scheduler.model_executor.models.int8_weight import Int8Weight
 from services.scheduler.ops.cpu_kernels import is_registered
 
@@ -68,6 +72,10 @@ SLICE_ROWS = 512
 SLOW_BAND = (SLICE_ROWS + 1, 1280)
 # Rows up to which a layer with a decode copy multiplies by it (see the module docstring).
 DECODE_COPY_MAX_ROWS = 4
+# Auto keeps the decode copies when they take at most this share of the usable memory: the
+# 0.5B shape's 0.95 GiB under 8 GiB (the Kubernetes scheduler's limit) or more, not a 7B
+# model's 14 GiB on a 24 GiB machine, where the KV cache and the weights need the room.
+DECODE_COPY_AUTO_SHARE = 0.25
 _DECODE_COPY_OPS = ("pack_bf16_blocks", "bf16_blocks_mm")
 
 
@@ -211,6 +219,21 @@ def can_copy_for_decode(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.bfloat16 and weight.shape[-1] % 2 == 0
 
 
+def decode_copy_bytes(layers: list[RowShaped]) -> int:
+    """What ``copy_for_decode`` would keep for ``layers``: each copyable weight (a
+    ``Linear``'s [N, K], the experts' [E, N, K] stacks) with N rounded up to whole blocks of
+    64 output channels."""
+    total = 0
+    for layer in layers:
+        assert isinstance(layer, nn.Module)
+        for weight in layer.parameters(recurse=False):
+            if weight.dim() >= 2 and can_copy_for_decode(weight):
+                *stack, outputs, width = weight.shape
+                experts = stack[0] if stack else 1
+                total += experts * -(-outputs // 64) * 64 * width * weight.element_size()
+    return total
+
+
 def decode_copy_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why ``--decode-copy`` cannot apply here, or None when it can."""
     if device.type != "cpu" or dtype != torch.bfloat16:
@@ -227,22 +250,19 @@ def prepare_linears(
     device: torch.device,
     dtype: torch.dtype,
     batch_invariant: bool = False,
-    decode_copy: bool = False,
+    decode_copy: bool | None = False,
 ) -> str:
     """Set every ``Linear`` (and every other ``RowShaped`` module: MoE experts) of a loaded
     ``model`` up for ``device`` and ``dtype``: packed and padded where oneDNN runs them, in
     fixed row tiles when ``batch_invariant`` (see the module docstring), with a decode copy
-    when ``decode_copy`` and this machine can (else it says why and goes on without); a
-    quantized one is left to its own kernels. Returns what was done, for the start-up log."""
+    when ``decode_copy`` (None: when it fits ``DECODE_COPY_AUTO_SHARE`` of the memory) and
+    this machine can (else it says why and goes on without); a quantized one is left to its
+    own kernels. Returns what was done, for the start-up log."""
     layers: list[RowShaped] = [
         m for m in model.modules() if isinstance(m, RowShaped) and not m.quantized_weights
     ]
     copied = ""
-    if decode_copy and batch_invariant:
-        logger.warning("--decode-copy: off under --batch-invariant (its row tiles run 16 rows)")
-    elif decode_copy and (why := decode_copy_unavailable(device, dtype)) is not None:
-        logger.warning("--decode-copy: off, %s", why)
-    elif decode_copy:
+    if copy_decode_weights(layers, device, dtype, batch_invariant, decode_copy):
         sizes = [layer.copy_for_decode() for layer in layers]
         count, gib = sum(1 for size in sizes if size), sum(sizes) / 2**30
         copied = (
@@ -255,6 +275,40 @@ def prepare_linears(
     for layer in layers:
         layer.row_tile = INVARIANT_ROW_TILE
     return f"{how}, {INVARIANT_ROW_TILE}-row tiles (batch-invariant)"
+
+
+def copy_decode_weights(
+    layers: list[RowShaped],
+    device: torch.device,
+    dtype: torch.dtype,
+    batch_invariant: bool,
+    decode_copy: bool | None,
+) -> bool:
+    """Whether ``layers`` get decode copies; logs why not where they were asked for (a
+    warning) or chosen against by auto (info, since nothing was asked)."""
+    if decode_copy is False or not layers:
+        return False
+    report = logger.warning if decode_copy else logger.info
+    flag = "--decode-copy" if decode_copy else "decode copy (auto)"
+    if batch_invariant:
+        report("%s: off under --batch-invariant (its row tiles run 16 rows)", flag)
+        return False
+    if (why := decode_copy_unavailable(device, dtype)) is not None:
+        report("%s: off, %s", flag, why)
+        return False
+    if decode_copy is None:
+        needed, usable = decode_copy_bytes(layers), usable_memory_bytes()
+        if needed > DECODE_COPY_AUTO_SHARE * usable:
+            report(
+                "%s: off, it would take %.2f GiB, more than %d%% of the %.1f GiB this process "
+                "may use (--decode-copy keeps it anyway)",
+                flag,
+                needed / 2**30,
+                round(100 * DECODE_COPY_AUTO_SHARE),
+                usable / 2**30,
+            )
+            return False
+    return True
 
 
 def _pack_or_pad(

@@ -63,7 +63,7 @@ def load_model(
     batch_invariant: bool = False,
     decode_kernel: bool = False,
     quantization: str = "none",
-    decode_copy: bool = False,
+    decode_copy: bool | None = False,
 ) -> tuple[NativeCausalLM | TransformersCausalLM, ModelConfig]:
     """Build the model for ``model_dir`` on ``device`` with its weights loaded, in eval mode,
     on the path ``model_impl`` (auto, native, transformers: ``model_impl.py``) picks.
@@ -73,7 +73,8 @@ def load_model(
     (``linear.py``, ``torch_backend.py``). ``decode_kernel``: the compiled CPU decode
     attention kernel is loaded, for the backend to call (``torch_backend.py``).
     ``quantization`` "int8": weight-only int8 (``quantization.py``). ``decode_copy``: bf16
-    linear layers also keep their weight in the decode kernel's layout (``linear.py``). Raises
+    linear layers also keep their weight in the decode kernel's layout (``linear.py``; None:
+    where it fits a share of the memory). Raises
     ``UnsupportedModelError`` (one line) for a checkpoint the chosen path cannot run,
     ``QuantizationError`` (one line) for a quantization it cannot.
     """

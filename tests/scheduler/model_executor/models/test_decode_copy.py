@@ -5,15 +5,20 @@ engine's library is built at the AVX512-BF16 level; elsewhere the flag is off wi
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from services.scheduler.__main__ import parse_args
+from services.scheduler.model_executor.models import linear
 from services.scheduler.model_executor.models.linear import (
     DECODE_COPY_MAX_ROWS,
     Linear,
+    RowShaped,
+    decode_copy_bytes,
     decode_copy_unavailable,
     prepare_linears,
 )
@@ -21,6 +26,7 @@ from services.scheduler.model_executor.models.loader import load_model
 from services.scheduler.model_executor.models.moe import Experts
 from tests.checkpoints import build_hf_model, save_checkpoint
 from tests.scheduler.conftest import needs_compiler
+from tests.scheduler.model_executor.models.test_moe_experts import random_experts
 from tests.scheduler.parity import all_logits
 
 CPU = torch.device("cpu")
@@ -99,10 +105,54 @@ def test_the_copy_is_off_with_a_reason_where_it_cannot_apply() -> None:
 def test_the_flag_and_its_environment_variable(
     default_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert not parse_args(["--model", str(default_model_dir)]).decode_copy
-    assert parse_args(["--model", str(default_model_dir), "--decode-copy"]).decode_copy
+    model = ["--model", str(default_model_dir)]
+    assert parse_args(model).decode_copy is None  # auto
+    assert parse_args([*model, "--decode-copy"]).decode_copy is True
+    assert parse_args([*model, "--no-decode-copy"]).decode_copy is False
+    monkeypatch.setenv("TOKENLINE_DECODE_COPY", "false")
+    assert parse_args(model).decode_copy is False
     monkeypatch.setenv("TOKENLINE_DECODE_COPY", "true")
-    assert parse_args(["--model", str(default_model_dir)]).decode_copy
+    assert parse_args(model).decode_copy is True
+
+
+@needs_compiler
+def test_the_estimate_is_what_the_copies_take(block_kernel: None) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        Linear(96, 80, dtype=torch.bfloat16),
+        Linear(64, 33, dtype=torch.float32),  # kept in float32 (a router): no copy
+        random_experts(torch.bfloat16),
+    )
+    layers = [m for m in model.modules() if isinstance(m, RowShaped)]
+    estimate = decode_copy_bytes(layers)
+    assert estimate == sum(layer.copy_for_decode() for layer in layers) > 0
+
+
+@needs_compiler
+def test_auto_keeps_the_copy_only_within_its_share_of_the_memory(
+    block_kernel: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unset, the copy is kept where it takes at most DECODE_COPY_AUTO_SHARE of the usable
+    memory (a FAKE reading of it here: the layer's copy takes 24 KiB); asked for, it is kept
+    past that; refused, never."""
+    needed = 2 * 64 * 96 * 2
+    for usable, flag, kept in [
+        (4 * needed, None, True),
+        (4 * needed - 2, None, False),
+        (needed, True, True),
+        (2**40, False, False),
+    ]:
+        monkeypatch.setattr(linear, "usable_memory_bytes", lambda usable=usable: usable)
+        layer = Linear(96, 80, dtype=torch.bfloat16)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger=linear.__name__):
+            how = prepare_linears(layer, CPU, torch.bfloat16, decode_copy=flag)
+        assert (layer.decode_copy is not None) == kept, (usable, flag)
+        assert ("with a decode copy" in how) == kept
+        refused = [r.getMessage() for r in caplog.records if "auto" in r.getMessage()]
+        assert bool(refused) == (flag is None and not kept)
+        if refused:
+            assert "more than 25% of the" in refused[0] and "--decode-copy" in refused[0]
 
 
 @needs_compiler
