@@ -247,6 +247,43 @@ def test_the_decode_kernel_in_half_precision_is_as_close_as_sdpa(
 
 
 @needs_compiler
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim"),
+    [(14, 2, 64), (4, 4, 128), (8, 2, 32), (6, 3, 48)],
+    ids=["group7-d64", "group1-d128", "group4-d32", "d48-float-path"],
+)
+def test_the_bf16_decode_kernel_is_within_a_rounding_at_every_tile_edge(
+    kernel_model_dir: Path, heads: int, kv_heads: int, head_dim: int
+) -> None:
+    """bf16 pools take the pair-dot-product path where head_dim is a multiple of 32 and the
+    build has AVX512-BF16 (16 keys a tile, two keys a weighted-sum step): lengths around a
+    tile and odd lengths, against the exact float64 attention, within two bf16 roundings;
+    head_dim 48 takes the float path, held to the same bound."""
+    gen = torch.Generator().manual_seed(head_dim)
+    lengths = [1, 2, 15, 16, 17, 31, 33, 190]
+    num_slots = sum(lengths) + 5
+    k_buf = torch.randn(num_slots, kv_heads, head_dim, generator=gen).bfloat16()
+    v_buf = torch.randn(num_slots, kv_heads, head_dim, generator=gen).bfloat16()
+    order = torch.randperm(num_slots, generator=gen)
+    table = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    start = 0
+    for row, length in enumerate(lengths):
+        table[row, :length] = order[start : start + length]
+        start += length
+    q = torch.randn(len(lengths), heads, head_dim, generator=gen).bfloat16()
+    scale = head_dim**-0.5
+    got = torch.ops.tokenline.decode_attention(q, k_buf, v_buf, table, torch.tensor(lengths), scale)
+    group = heads // kv_heads
+    for row, length in enumerate(lengths):
+        keys = k_buf[table[row, :length]].double().repeat_interleave(group, dim=1)
+        values = v_buf[table[row, :length]].double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,shd->hs", q[row].double(), keys) * scale
+        exact = torch.einsum("hs,shd->hd", scores.softmax(dim=-1), values)
+        error = (got[row].double() - exact).abs().max()
+        assert error <= 2 * torch.finfo(torch.bfloat16).eps * exact.abs().max(), (row, length)
+
+
+@needs_compiler
 def test_the_decode_kernel_refuses_what_would_read_outside_the_pool(
     kernel_model_dir: Path,
 ) -> None:
