@@ -110,6 +110,43 @@ inline void prefetch_row(const void* p, int64_t bytes) {
   for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(c + offset);
 }
 
+// One call's operands as pointers and strides: request b's s-th key and value row of kv
+// head kv, the query and output row of its g-th query head.
+template <typename T>
+struct Operands {
+  int64_t batch, heads, dim, kv_heads, group;
+  const T* q;
+  const T* k;
+  const T* v;
+  const int64_t* slots;
+  const int64_t* lens;
+  T* out;
+  int64_t table_width, k_slot_stride, k_head_stride, v_slot_stride, v_head_stride;
+
+  Operands(const at::Tensor& q_, const at::Tensor& k_buf, const at::Tensor& v_buf,
+           const at::Tensor& slots_, const at::Tensor& seq_lens, at::Tensor& out_)
+      : batch(q_.size(0)), heads(q_.size(1)), dim(q_.size(2)), kv_heads(k_buf.size(1)),
+        group(heads / kv_heads), q(q_.data_ptr<T>()), k(k_buf.data_ptr<T>()),
+        v(v_buf.data_ptr<T>()), slots(slots_.data_ptr<int64_t>()),
+        lens(seq_lens.data_ptr<int64_t>()), out(out_.data_ptr<T>()),
+        table_width(slots_.size(1)), k_slot_stride(k_buf.stride(0)),
+        k_head_stride(k_buf.stride(1)), v_slot_stride(v_buf.stride(0)),
+        v_head_stride(v_buf.stride(1)) {}
+
+  const T* key(int64_t b, int64_t kv, int64_t s) const {
+    return k + slots[b * table_width + s] * k_slot_stride + kv * k_head_stride;
+  }
+  const T* value(int64_t b, int64_t kv, int64_t s) const {
+    return v + slots[b * table_width + s] * v_slot_stride + kv * v_head_stride;
+  }
+  const T* query(int64_t b, int64_t kv, int64_t g) const {
+    return q + (b * heads + kv * group + g) * dim;
+  }
+  T* out_row(int64_t b, int64_t kv, int64_t g) const {
+    return out + (b * heads + kv * group + g) * dim;
+  }
+};
+
 #if defined(__AVX512BF16__)
 // The bf16 pool's path where the build has AVX512-BF16 and head_dim is a multiple of 32:
 // both products by pair dot products (vdpbf16ps), float32 sums. Per key and query the
@@ -148,21 +185,12 @@ void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tens
                     const at::Tensor& slots, const at::Tensor& seq_lens, double scale,
                     at::Tensor& out) {
   using T = at::BFloat16;
-  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
-  const int64_t kv_heads = k_buf.size(1), group = heads / kv_heads, vecs = dim / 32;
-  const int64_t table_width = slots.size(1);
-  const T* q_data = q.data_ptr<T>();
-  const T* k_data = k_buf.data_ptr<T>();
-  const T* v_data = v_buf.data_ptr<T>();
-  const int64_t* slot_data = slots.data_ptr<int64_t>();
-  const int64_t* len_data = seq_lens.data_ptr<int64_t>();
-  T* out_data = out.data_ptr<T>();
-  const int64_t k_slot_stride = k_buf.stride(0), k_head_stride = k_buf.stride(1);
-  const int64_t v_slot_stride = v_buf.stride(0), v_head_stride = v_buf.stride(1);
+  const Operands<T> ops(q, k_buf, v_buf, slots, seq_lens, out);
+  const int64_t kv_heads = ops.kv_heads, group = ops.group, dim = ops.dim, vecs = dim / 32;
   const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(T));
   const float scale_f = static_cast<float>(scale);
 
-  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, ops.batch * ops.kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     std::vector<uint16_t> weights;  // bf16 bits, each group row padded to an even length
     std::vector<__m512> acc(group * 2 * vecs);
@@ -172,12 +200,9 @@ void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tens
     // for one at a time each waited out its own latency (4 GB/s measured).
     auto prefetch_item = [&](int64_t item) {
       const int64_t b = item / kv_heads, kv = item % kv_heads;
-      const int64_t* row_slots = slot_data + b * table_width;
-      for (int64_t s = 0; s < len_data[b]; ++s) {
-        const char* key =
-            reinterpret_cast<const char*>(k_data + row_slots[s] * k_slot_stride + kv * k_head_stride);
-        const char* value =
-            reinterpret_cast<const char*>(v_data + row_slots[s] * v_slot_stride + kv * v_head_stride);
+      for (int64_t s = 0; s < ops.lens[b]; ++s) {
+        const char* key = reinterpret_cast<const char*>(ops.key(b, kv, s));
+        const char* value = reinterpret_cast<const char*>(ops.value(b, kv, s));
         for (int64_t offset = 0; offset < row_bytes; offset += 64) {
           _mm_prefetch(key + offset, _MM_HINT_T1);
           _mm_prefetch(value + offset, _MM_HINT_T1);
@@ -188,15 +213,9 @@ void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tens
     for (int64_t item = begin; item < end; ++item) {
       if (item + 1 < end) prefetch_item(item + 1);
       const int64_t b = item / kv_heads, kv = item % kv_heads;
-      const int64_t len = len_data[b], padded = len + (len & 1);
-      const int64_t* row_slots = slot_data + b * table_width;
-      const T* queries = q_data + (b * heads + kv * group) * dim;
-      auto key_row = [&](int64_t s) {
-        return k_data + row_slots[s] * k_slot_stride + kv * k_head_stride;
-      };
-      auto value_row = [&](int64_t s) {
-        return v_data + row_slots[s] * v_slot_stride + kv * v_head_stride;
-      };
+      const int64_t len = ops.lens[b], padded = len + (len & 1);
+      auto key_row = [&](int64_t s) { return ops.key(b, kv, s); };
+      auto value_row = [&](int64_t s) { return ops.value(b, kv, s); };
       scores.resize(group * len);
       weights.assign(group * padded, 0);
       // Scores, 16 keys at a time per query; the rows of the next 16 keys prefetched.
@@ -206,7 +225,7 @@ void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tens
           prefetch_row(key_row(s), row_bytes);
         }
         for (int64_t g = 0; g < group; ++g) {
-          const T* query = queries + g * dim;
+          const T* query = ops.query(b, kv, g);
           __m512 products[16];
           for (int64_t j = 0; j < 16; ++j) {
             __m512 sum = _mm512_setzero_ps();
@@ -271,7 +290,7 @@ void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tens
       // Lane 4k + t of pairs[2c] holds d = 32c + 8k + t; of pairs[2c + 1], d = 32c + 8k + 4 + t.
       for (int64_t g = 0; g < group; ++g) {
         const float inv = totals[g] > 0.0f ? 1.0f / totals[g] : 0.0f;
-        T* dst = out_data + (b * heads + kv * group + g) * dim;
+        T* dst = ops.out_row(b, kv, g);
         alignas(64) float lanes[16];
         for (int64_t c = 0; c < 2 * vecs; ++c) {
           _mm512_store_ps(lanes, acc[g * 2 * vecs + c]);
@@ -295,27 +314,17 @@ void run(
     const at::Tensor& seq_lens,
     double scale,
     at::Tensor& out) {
-  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
-  const int64_t kv_heads = k_buf.size(1), group = heads / kv_heads;
-  const int64_t table_width = slots.size(1);
-  const T* q_data = q.data_ptr<T>();
-  const T* k_data = k_buf.data_ptr<T>();
-  const T* v_data = v_buf.data_ptr<T>();
-  const int64_t* slot_data = slots.data_ptr<int64_t>();
-  const int64_t* len_data = seq_lens.data_ptr<int64_t>();
-  T* out_data = out.data_ptr<T>();
-  const int64_t k_slot_stride = k_buf.stride(0), k_head_stride = k_buf.stride(1);
-  const int64_t v_slot_stride = v_buf.stride(0), v_head_stride = v_buf.stride(1);
+  const Operands<T> ops(q, k_buf, v_buf, slots, seq_lens, out);
+  const int64_t kv_heads = ops.kv_heads, group = ops.group, dim = ops.dim;
 
-  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, ops.batch * ops.kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> queries(group * dim), acc(group * dim), row(dim), scores;
     std::vector<float> max_score(group), total(group);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / kv_heads, kv = item % kv_heads;
-      const int64_t len = len_data[b];
-      const int64_t* row_slots = slot_data + b * table_width;
+      const int64_t len = ops.lens[b];
       for (int64_t g = 0; g < group; ++g) {
-        const T* src = q_data + (b * heads + kv * group + g) * dim;
+        const T* src = ops.query(b, kv, g);
         for (int64_t d = 0; d < dim; ++d) queries[g * dim + d] = to_float(src[d]) * scale;
       }
       scores.resize(group * len);
@@ -323,12 +332,10 @@ void run(
       const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(T));
       for (int64_t s = 0; s < len; ++s) {
         if (s + kPrefetchAhead < len) {
-          const int64_t ahead = row_slots[s + kPrefetchAhead];
-          prefetch_row(k_data + ahead * k_slot_stride + kv * k_head_stride, row_bytes);
+          prefetch_row(ops.key(b, kv, s + kPrefetchAhead), row_bytes);
         }
         // Each key is widened to float32 once for its whole head group.
-        const float* key = as_floats(k_data + row_slots[s] * k_slot_stride + kv * k_head_stride,
-                                     row.data(), dim);
+        const float* key = as_floats(ops.key(b, kv, s), row.data(), dim);
         for (int64_t g = 0; g < group; ++g) {
           const float x = dot(queries.data() + g * dim, key, dim);
           scores[g * len + s] = x;
@@ -341,17 +348,15 @@ void run(
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t s = 0; s < len; ++s) {
         if (s + kPrefetchAhead < len) {
-          const int64_t ahead = row_slots[s + kPrefetchAhead];
-          prefetch_row(v_data + ahead * v_slot_stride + kv * v_head_stride, row_bytes);
+          prefetch_row(ops.value(b, kv, s + kPrefetchAhead), row_bytes);
         }
-        const float* value = as_floats(
-            v_data + row_slots[s] * v_slot_stride + kv * v_head_stride, row.data(), dim);
+        const float* value = as_floats(ops.value(b, kv, s), row.data(), dim);
         for (int64_t g = 0; g < group; ++g) {
           axpy(acc.data() + g * dim, scores[g * len + s], value, dim);
         }
       }
       for (int64_t g = 0; g < group; ++g) {
-        T* dst = out_data + (b * heads + kv * group + g) * dim;
+        T* dst = ops.out_row(b, kv, g);
         const float inv = total[g] > 0.0f ? 1.0f / total[g] : 0.0f;
         for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(acc[g * dim + d] * inv);
       }
