@@ -72,6 +72,8 @@ SLICE_ROWS = 512
 SLOW_BAND = (SLICE_ROWS + 1, 1280)
 # Rows up to which a layer with a decode copy multiplies by it (see the module docstring).
 DECODE_COPY_MAX_ROWS = 4
+# Output channels in one block of the decode copy's layout (ops/csrc/bf16_blocks.cpp).
+DECODE_COPY_BLOCK = 64
 # Auto keeps the decode copies when they take at most this share of the usable memory: the
 # 0.5B shape's 0.95 GiB under 8 GiB (the Kubernetes scheduler's limit) or more, not a 7B
 # model's 14 GiB on a 24 GiB machine, where the KV cache and the weights need the room.
@@ -222,7 +224,7 @@ def can_copy_for_decode(weight: torch.Tensor) -> bool:
 def decode_copy_bytes(layers: list[RowShaped]) -> int:
     """What ``copy_for_decode`` would keep for ``layers``: each copyable weight (a
     ``Linear``'s [N, K], the experts' [E, N, K] stacks) with N rounded up to whole blocks of
-    64 output channels."""
+    ``DECODE_COPY_BLOCK`` output channels."""
     total = 0
     for layer in layers:
         assert isinstance(layer, nn.Module)
@@ -230,7 +232,8 @@ def decode_copy_bytes(layers: list[RowShaped]) -> int:
             if weight.dim() >= 2 and can_copy_for_decode(weight):
                 *stack, outputs, width = weight.shape
                 experts = stack[0] if stack else 1
-                total += experts * -(-outputs // 64) * 64 * width * weight.element_size()
+                blocks = -(-outputs // DECODE_COPY_BLOCK)
+                total += experts * blocks * DECODE_COPY_BLOCK * width * weight.element_size()
     return total
 
 

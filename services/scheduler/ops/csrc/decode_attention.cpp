@@ -177,8 +177,9 @@ inline __m512 lane_sums16(const __m512* v) {
                        _mm512_shuffle_f32x4(eighths[0], eighths[1], 0xDD));
 }
 
-inline __m512 widen_bf16(__m256i h) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+// The first `count` (1 to 16) lanes of a vector.
+inline __mmask16 first_lanes(int64_t count) {
+  return count >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << count) - 1);
 }
 
 void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
@@ -191,7 +192,7 @@ void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tens
   const float scale_f = static_cast<float>(scale);
 
   at::parallel_for(0, ops.batch * ops.kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+    std::vector<float> scores, totals(group);
     std::vector<uint16_t> weights;  // bf16 bits, each group row padded to an even length
     std::vector<__m512> acc(group * 2 * vecs);
     std::vector<T> zeros(dim, T(0.0f));
@@ -214,15 +215,13 @@ void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tens
       if (item + 1 < end) prefetch_item(item + 1);
       const int64_t b = item / kv_heads, kv = item % kv_heads;
       const int64_t len = ops.lens[b], padded = len + (len & 1);
-      auto key_row = [&](int64_t s) { return ops.key(b, kv, s); };
-      auto value_row = [&](int64_t s) { return ops.value(b, kv, s); };
       scores.resize(group * len);
       weights.assign(group * padded, 0);
       // Scores, 16 keys at a time per query; the rows of the next 16 keys prefetched.
       for (int64_t first = 0; first < len; first += 16) {
         const int64_t count = std::min<int64_t>(16, len - first);
         for (int64_t s = first + 16; s < std::min(len, first + 32); ++s) {
-          prefetch_row(key_row(s), row_bytes);
+          prefetch_row(ops.key(b, kv, s), row_bytes);
         }
         for (int64_t g = 0; g < group; ++g) {
           const T* query = ops.query(b, kv, g);
@@ -230,7 +229,7 @@ void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tens
           for (int64_t j = 0; j < 16; ++j) {
             __m512 sum = _mm512_setzero_ps();
             if (j < count) {
-              const T* key = key_row(first + j);
+              const T* key = ops.key(b, kv, first + j);
               for (int64_t c = 0; c < vecs; ++c) {
                 sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_loadu_si512(key + 32 * c),
                                        (__m512bh)_mm512_loadu_si512(query + 32 * c));
@@ -239,12 +238,10 @@ void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tens
             products[j] = sum;
           }
           const __m512 tile = _mm512_mul_ps(lane_sums16(products), _mm512_set1_ps(scale_f));
-          const __mmask16 keep = count == 16 ? 0xFFFF : (1u << count) - 1;
-          _mm512_mask_storeu_ps(scores.data() + g * len + first, keep, tile);
+          _mm512_mask_storeu_ps(scores.data() + g * len + first, first_lanes(count), tile);
         }
       }
       // Softmax weights per query, rounded to bf16; their sum, of the rounded weights.
-      std::vector<float> totals(group);
       for (int64_t g = 0; g < group; ++g) {
         float* row = scores.data() + g * len;
         float max_score = -std::numeric_limits<float>::infinity();
@@ -253,12 +250,13 @@ void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tens
         __m512 sums = _mm512_setzero_ps();
         uint16_t* dst = weights.data() + g * padded;
         for (int64_t s = 0; s < len; s += 16) {
-          const int64_t count = std::min<int64_t>(16, len - s);
-          const __mmask16 keep = count == 16 ? 0xFFFF : (1u << count) - 1;
+          const __mmask16 keep = first_lanes(len - s);
           const Vec e = Vec(_mm512_sub_ps(_mm512_maskz_loadu_ps(keep, row + s), shift)).exp();
           const __m256i rounded = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_mov_ps(keep, e));
           _mm256_mask_storeu_epi16(dst + s, keep, rounded);
-          sums = _mm512_add_ps(sums, widen_bf16(rounded));
+          __m512 widened;
+          at::vec::cvtbf16_fp32(rounded, widened);
+          sums = _mm512_add_ps(sums, widened);
         }
         totals[g] = _mm512_reduce_add_ps(sums);
       }
@@ -266,10 +264,10 @@ void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tens
       std::fill(acc.begin(), acc.end(), _mm512_setzero_ps());
       for (int64_t s = 0; s < len; s += 2) {
         for (int64_t ahead = s + 8; ahead < std::min(len, s + 10); ++ahead) {
-          prefetch_row(value_row(ahead), row_bytes);
+          prefetch_row(ops.value(b, kv, ahead), row_bytes);
         }
-        const T* first_row = value_row(s);
-        const T* second_row = s + 1 < len ? value_row(s + 1) : zeros.data();
+        const T* first_row = ops.value(b, kv, s);
+        const T* second_row = s + 1 < len ? ops.value(b, kv, s + 1) : zeros.data();
         __m512i pairs[8];  // vecs <= 4 (head_dim <= 128) by the caller's check
         for (int64_t c = 0; c < vecs; ++c) {
           const __m512i x = _mm512_loadu_si512(first_row + 32 * c);
