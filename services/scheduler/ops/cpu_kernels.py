@@ -3,9 +3,10 @@ temperature only), decode attention (``csrc/decode_attention.cpp``, used by
 ``model_executor/attention/torch_backend.py``) and a layer's row-wise element work, RMSNorm
 and SiLU-and-multiply (``csrc/fused_rows.cpp``, used by ``model_executor/models/
 layers.py``), the int8 weight-only matmul of few rows (``csrc/int8_rows.cpp``, used by
-``model_executor/models/int8_weight.py``) and the bf16 decode copy's matmul
-(``csrc/bf16_blocks.cpp``, used by ``model_executor/models/linear.py``), compiled into one
-library.
+``model_executor/models/int8_weight.py``), the bf16 decode copy's matmul
+(``csrc/bf16_blocks.cpp``, used by ``model_executor/models/linear.py``) and bf16 prompt
+attention where there is no AMX (``csrc/prompt_attention.cpp``, used by the attention
+backend), compiled into one library.
 
 A row sampled from the whole softmax (the OpenAI default: temperature only) would need every
 vocabulary entry's ``exp`` to find its inverse CDF. ``csrc/sample_rows.cpp`` draws each row
@@ -70,6 +71,7 @@ SOURCES = (
     _CSRC / "fused_rows.cpp",
     _CSRC / "int8_rows.cpp",
     _CSRC / "bf16_blocks.cpp",
+    _CSRC / "prompt_attention.cpp",
 )
 HEADERS = (_CSRC / "float_vec.h",)  # included by the sources: part of the key too
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)

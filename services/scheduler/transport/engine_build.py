@@ -184,8 +184,8 @@ def load_kernels(model_dir: str, device: torch.device, kernels_dir: str = "") ->
 
 
 def log_kernels(kernels: Kernels, backend: AttentionBackend, model_dir: str) -> None:
-    """Say which of the sampler, decode attention and the row-wise ops (RMSNorm, RoPE,
-    SiLU-and-multiply: native models only) run compiled kernels."""
+    """Say which of the sampler, decode and prompt attention and the row-wise ops (RMSNorm,
+    RoPE, SiLU-and-multiply: native models only) run compiled kernels."""
     if kernels.sample is None:
         logger.info(
             "sampler and decode attention: eager (no compiled kernels for this machine; "
@@ -194,7 +194,8 @@ def log_kernels(kernels: Kernels, backend: AttentionBackend, model_dir: str) -> 
         )
     elif getattr(backend, "decode_kernel", False):
         rows = ", RMSNorm, RoPE and SiLU-and-multiply" if kernels.row_kernels else ""
-        logger.info("sampler, decode attention%s: compiled kernels", rows)
+        prompt = ", bf16 prompt attention" if getattr(backend, "prompt_kernel", False) else ""
+        logger.info("sampler, decode attention%s%s: compiled kernels", prompt, rows)
     else:
         logger.info("sampler: compiled plain-row kernel")
 

@@ -12,7 +12,11 @@ their log-sum-exps (``_prefix_then_causal``), so no mask makes the kernel score 
 On CPU, when the engine's compiled kernels are loaded (``ops/cpu_kernels.py``), decode
 tokens go to ``torch.ops.tokenline.decode_attention`` instead, which reads each request's
 keys and values in place in the pool, without the padded gather and its float32 copy
-(docs/benchmarks.md, "Decode attention on CPU", has what it measured).
+(docs/benchmarks.md, "Decode attention on CPU", has what it measured). On a CPU with
+AVX512-BF16 but no AMX, bf16 prefill spans without a window go to
+``torch.ops.tokenline.prompt_attention``, a causal kernel over the span's keys, prefix
+included: there torch's flash kernel reaches a fraction of what the linear layers do
+(docs/scheduler.md, "Prompt attention without AMX").
 
 The padded SDPA call is not batch-invariant: how CPU SDPA blocks the keys depends on the
 longest request, so a row can round differently beside longer ones. With
@@ -22,6 +26,7 @@ kernel already computes each request on its own).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -83,6 +88,7 @@ class TorchAttentionBackend(AttentionBackend):
         # Whether ``torch.ops.tokenline.decode_attention`` is loaded: the engine loads its
         # compiled kernels before it builds the model (transport/engine_build.py).
         self.decode_kernel = decode_kernel
+        self.prompt_kernel = decode_kernel and prompt_kernel_pays()
         self.batch_invariant = batch_invariant
 
     def plan(self, batch: ForwardBatch, window: int | None = None) -> TorchAttentionMetadata:
@@ -123,6 +129,13 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty_like(q)
         for span in meta.extends:
             rows = slice(span.start, span.start + span.length)
+            if self._prompt_kernel_fits(span, q, k_buf):
+                span_k, span_v = k[rows], v[rows]
+                if span.prefix_len:
+                    span_k = k_buf.index_select(0, span.slots)
+                    span_v = v_buf.index_select(0, span.slots)
+                out[rows] = torch.ops.tokenline.prompt_attention(q[rows], span_k, span_v, scale)
+                continue
             if span.prefix_len == 0:  # nothing cached: the new K/V are the whole context
                 span_k, span_v = k[rows], v[rows]
             else:
@@ -149,6 +162,16 @@ class TorchAttentionBackend(AttentionBackend):
                 out[dec.rows] = _sdpa(dec_q.unsqueeze(1), dec_k, dec_v, dec.mask, scale)[:, 0]
         return out
 
+    def _prompt_kernel_fits(self, span: ExtendSpan, q: torch.Tensor, k_buf: torch.Tensor) -> bool:
+        return (
+            self.prompt_kernel
+            and span.mask is None
+            and q.device.type == "cpu"
+            and q.dtype == torch.bfloat16
+            and k_buf.dtype == torch.bfloat16
+            and bool(torch.ops.tokenline.prompt_attention_fits(q.shape[-1]))
+        )
+
     def _kernel_fits(self, q: torch.Tensor, k_buf: torch.Tensor) -> bool:
         return (
             self.decode_kernel
@@ -157,6 +180,19 @@ class TorchAttentionBackend(AttentionBackend):
             and q.dtype in _KERNEL_DTYPES
             and k_buf.stride(-1) == 1
         )
+
+
+def prompt_kernel_pays() -> bool:
+    """Whether bf16 prefill spans go to ``tokenline::prompt_attention``: the loaded library
+    has it (AVX512-BF16), and the CPU has no AMX, on whose tiles torch's flash kernel is the
+    faster (``TOKENLINE_PROMPT_ATTENTION`` = ``torch`` or ``kernel`` overrides, to compare)."""
+    override = os.environ.get("TOKENLINE_PROMPT_ATTENTION", "")
+    if override in ("torch", "kernel"):
+        return override == "kernel" and bool(torch.ops.tokenline.prompt_attention_fits(64))
+    if not torch.ops.tokenline.prompt_attention_fits(64):
+        return False
+    has_amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private, so probed
+    return not (callable(has_amx) and has_amx())
 
 
 def _sdpa(
