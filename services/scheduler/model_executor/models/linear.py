@@ -27,11 +27,13 @@ things make it faster and leaner under serving:
   extra rows and calls are the switch's cost (docs/batch-invariance.md).
 * **Decode copy (``--decode-copy``).** Where the engine's kernels are built at the
   AVX512-BF16 level, a bf16 ``Linear`` also keeps its weight a second time in the layout of
-  ``ops/csrc/bf16_blocks.cpp``, which steps of up to ``DECODE_COPY_MAX_ROWS`` rows multiply
+  ``ops/csrc/bf16_blocks.cpp``, which steps of up to ``decode_copy_max_rows()`` rows multiply
   by: AVX512-BF16 pair dot products streaming the weight at 20-23 GB/s where oneDNN's
   packed kernel read 13-14 (the 0.5B shape's layers and LM head at one row on the 2-core
-  AMX Xeon, in its slower phases; 0.8-0.95 of oneDNN's time in its quicker ones). Above four
-  rows the loop is bound by its dot products, so oneDNN's packed weight stays for those.
+  AMX Xeon, in its slower phases; 0.8-0.95 of oneDNN's time in its quicker ones). With AMX,
+  above four rows the loop is bound by its dot products and oneDNN's tiles are faster, so
+  the packed weight stays for those; without AMX oneDNN multiplies by the same dot products
+  and the copy takes steps of up to ``DECODE_COPY_MAX_ROWS_WITHOUT_AMX`` rows.
   The copy costs its memory, so by default (``decode_copy`` None: auto) it is kept only
   where it takes at most ``DECODE_COPY_AUTO_SHARE`` of the memory this process may use
   (``services/common/memory.py``: the machine's, capped by its cgroup's limit);
@@ -72,6 +74,11 @@ SLICE_ROWS = 512
 SLOW_BAND = (SLICE_ROWS + 1, 1280)
 # Rows up to which a layer with a decode copy multiplies by it (see the module docstring).
 DECODE_COPY_MAX_ROWS = 4
+# Without AMX oneDNN's bf16 matmul is pair dot products too, and the copy's kernel (six rows
+# at a time) beats it at every decode step size measured: 0.66-0.87x its time at 5-32 rows
+# on the 2-core AMD EPYC with AVX512_BF16 (Zen 4), level at 64. With AMX, oneDNN's tiles win
+# from five rows on (the copy took 1.18-1.31x its time on the Xeon), so the limit stays 4.
+DECODE_COPY_MAX_ROWS_WITHOUT_AMX = 32
 # Output channels in one block of the decode copy's layout (ops/csrc/bf16_blocks.cpp).
 DECODE_COPY_BLOCK = 64
 # Auto keeps the decode copies when they take at most this share of the usable memory: the
@@ -126,6 +133,7 @@ class RowShaped:
 
     pad_rows: bool = False
     row_tile: int = 0  # > 0: every matmul takes exactly this many rows
+    decode_copy_rows: int = 0  # steps of at most this many rows use the decode copy
 
     @property
     def quantized_weights(self) -> bool:
@@ -151,11 +159,11 @@ class RowShaped:
         decode_copy: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``x @ weight.T (+ bias)`` by the weight's decode copy if it has one and ``x`` is
-        at most ``DECODE_COPY_MAX_ROWS`` rows, else by the packed weight if there is one,
+        at most ``decode_copy_rows`` rows, else by the packed weight if there is one,
         else the dense one, with ``x``'s rows padded to their bucket or run in tiles as this
         module is set up (the padding rows are dropped after)."""
         num_rows = x.shape[0]
-        if decode_copy is not None and num_rows <= DECODE_COPY_MAX_ROWS:
+        if decode_copy is not None and num_rows <= self.decode_copy_rows:
             weight = packed if packed is not None else dense
             assert weight is not None
             out: torch.Tensor = torch.ops.tokenline.bf16_blocks_mm(x, decode_copy, weight.shape[0])
@@ -237,6 +245,16 @@ def decode_copy_bytes(layers: list[RowShaped]) -> int:
     return total
 
 
+def decode_copy_max_rows() -> int:
+    """The most rows a step may have to multiply by the decode copies on this CPU."""
+    has_amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private, so probed
+    return (
+        DECODE_COPY_MAX_ROWS
+        if callable(has_amx) and has_amx()
+        else DECODE_COPY_MAX_ROWS_WITHOUT_AMX
+    )
+
+
 def decode_copy_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why ``--decode-copy`` cannot apply here, or None when it can."""
     if device.type != "cpu" or dtype != torch.bfloat16:
@@ -267,11 +285,11 @@ def prepare_linears(
     copied = ""
     if copy_decode_weights(layers, device, dtype, batch_invariant, decode_copy):
         sizes = [layer.copy_for_decode() for layer in layers]
+        rows = decode_copy_max_rows()
+        for layer in layers:
+            layer.decode_copy_rows = rows
         count, gib = sum(1 for size in sizes if size), sum(sizes) / 2**30
-        copied = (
-            f", {count} with a decode copy for up to {DECODE_COPY_MAX_ROWS} rows "
-            f"({gib:.2f} GiB more memory)"
-        )
+        copied = f", {count} with a decode copy for up to {rows} rows ({gib:.2f} GiB more memory)"
     how = _pack_or_pad(model, layers, device, dtype) + copied
     if not batch_invariant:
         return how

@@ -2,14 +2,15 @@
 // blocks of 64 output channels in VNNI pairs: block b holds W[64b + c][2i + j] at
 // [b][i][c][j], i < K/2, so each K pair of a block is 256 contiguous bytes and a block is
 // one front-to-back stream. Used by model_executor/models/linear.py for steps of up to
-// DECODE_COPY_MAX_ROWS rows when --decode-copy is on.
+// decode_copy_max_rows() rows when the decode copy is on.
 //
 // Why: a decode step at one row waits on the weight bytes, and oneDNN's packed bf16 matmul
 // streamed the 0.5B shape's layers at 13-14 GB/s on the 2-core AMX Xeon (model 207). This
 // loop reads 20-23 there: for each K pair, AVX512-BF16's pair dot product (vdpbf16ps) of
-// the block's four vectors of 16 channels against each row's broadcast x pair, up to four
-// rows at once (16 accumulators), with software prefetch ahead of the loads. Above four rows
-// it is bound by the dot products, so the layer keeps oneDNN's packed weight for those.
+// the block's four vectors of 16 channels against each row's broadcast x pair, up to six
+// rows at once (24 accumulators), with software prefetch ahead of the loads. Above four rows
+// it is bound by the dot products: with AMX the layer keeps oneDNN's packed weight for
+// those; without, oneDNN runs the same dot products and this loop is the faster to 32 rows.
 //
 // Built only at the avx512_bf16 ISA level (the instruction needs it); bf16_blocks() says
 // whether this library has it.
@@ -35,7 +36,7 @@ constexpr int64_t kBlock = 64;  // output channels a block holds
 
 #if defined(__AVX512BF16__)
 constexpr int64_t kPairBytes = kBlock * 2 * 2;  // one K pair of a block: 256 bytes
-constexpr int64_t kMaxRows = 4;                  // rows kept in registers together
+constexpr int64_t kMaxRows = 6;                  // rows kept in registers together
 // Software prefetch this many K pairs (2 KiB) ahead of the loads.
 constexpr int64_t kPrefetchPairs = 8;
 
@@ -70,6 +71,8 @@ void dot_block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* block, in
 void dot_rows(int64_t rows, const at::BFloat16* x, int64_t ldx, const at::BFloat16* block,
               int64_t K2, float* out) {
   switch (rows) {
+    case 6: return dot_block<6>(x, ldx, block, K2, out);
+    case 5: return dot_block<5>(x, ldx, block, K2, out);
     case 4: return dot_block<4>(x, ldx, block, K2, out);
     case 3: return dot_block<3>(x, ldx, block, K2, out);
     case 2: return dot_block<2>(x, ldx, block, K2, out);

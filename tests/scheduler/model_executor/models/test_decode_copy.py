@@ -1,6 +1,6 @@
 """--decode-copy: bf16 linear layers and MoE experts that also keep their weights in the
 layout of the engine's decode kernel (ops/csrc/bf16_blocks.cpp) and take it for steps of up
-to DECODE_COPY_MAX_ROWS rows; oneDNN's packed weights above. The kernel runs where the
+to the CPU's row limit; oneDNN's packed weights above. The kernel runs where the
 engine's library is built at the AVX512-BF16 level; elsewhere the flag is off with a reason."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from services.scheduler.__main__ import parse_args
 from services.scheduler.model_executor.models import linear
 from services.scheduler.model_executor.models.linear import (
     DECODE_COPY_MAX_ROWS,
+    DECODE_COPY_MAX_ROWS_WITHOUT_AMX,
     Linear,
     RowShaped,
     decode_copy_bytes,
@@ -51,13 +52,14 @@ def within_bound(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> bo
 @needs_compiler
 @pytest.mark.parametrize(
     ("rows", "outputs", "width"),
-    [(1, 83, 100), (3, 130, 16), (4, 64, 4864), (7, 7, 34), (13, 200, 896)],
-    ids=["1x83x100", "3x130x16", "4x64x4864", "7x7x34", "13x200x896"],
+    [(1, 83, 100), (3, 130, 16), (4, 64, 4864), (5, 90, 256), (7, 7, 34), (13, 200, 896)]
+    + [(32, 150, 896)],
+    ids=["1x83x100", "3x130x16", "4x64x4864", "5x90x256", "7x7x34", "13x200x896", "32x150x896"],
 )
 def test_the_block_kernel_is_the_product_at_any_shape(
     block_kernel: None, rows: int, outputs: int, width: int
 ) -> None:
-    """Output channels that fill no 64-channel block, rows past the four kept in registers
+    """Output channels that fill no 64-channel block, rows past the six kept in registers
     (more passes), K from 16 to 4,864."""
     gen = torch.Generator().manual_seed(rows * width)
     weight = torch.randn(outputs, width, generator=gen).to(torch.bfloat16)
@@ -70,25 +72,30 @@ def test_the_block_kernel_is_the_product_at_any_shape(
 
 
 @needs_compiler
-def test_a_layer_takes_its_copy_up_to_four_rows_and_the_packed_weight_above(
-    block_kernel: None,
+@pytest.mark.parametrize("amx", [True, False], ids=["amx", "no-amx"])
+def test_a_layer_takes_its_copy_up_to_its_cpus_row_limit_and_the_packed_weight_above(
+    block_kernel: None, monkeypatch: pytest.MonkeyPatch, amx: bool
 ) -> None:
-    """Routing, shown with a copy of another weight (zeros, a FAKE copy): up to
-    DECODE_COPY_MAX_ROWS rows give the bias alone, more the real product."""
+    """Routing, shown with a copy of another weight (zeros, a FAKE copy): up to the row
+    limit the bias alone, more rows the real product. The limit is DECODE_COPY_MAX_ROWS on a
+    CPU with AMX (oneDNN's tiles win above it), DECODE_COPY_MAX_ROWS_WITHOUT_AMX without."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    limit = DECODE_COPY_MAX_ROWS if amx else DECODE_COPY_MAX_ROWS_WITHOUT_AMX
     torch.manual_seed(0)
     layer = Linear(96, 80, bias=True, dtype=torch.bfloat16)
     weight = layer.weight.detach().clone()
     how = prepare_linears(layer, CPU, torch.bfloat16, decode_copy=True)
     assert "1 with a decode copy" in how and layer.decode_copy is not None
-    assert "GiB more memory" in how
+    assert f"up to {limit} rows" in how and "GiB more memory" in how
+    assert layer.decode_copy_rows == limit
     assert layer.decode_copy.nbytes == 2 * 64 * 96 * 2  # 80 channels fill 2 blocks of 64
-    x = torch.randn(DECODE_COPY_MAX_ROWS + 3, 96, dtype=torch.bfloat16)
-    for rows in (1, DECODE_COPY_MAX_ROWS):
+    x = torch.randn(limit + 3, 96, dtype=torch.bfloat16)
+    for rows in sorted({1, min(5, limit), limit}):
         got = layer(x[:rows]) - layer.bias
         assert within_bound(got, x[:rows], weight)
     packed_rows = layer(x)
     layer.decode_copy = torch.ops.tokenline.pack_bf16_blocks(torch.zeros_like(weight))
-    assert torch.equal(layer(x[:DECODE_COPY_MAX_ROWS]), layer.bias.expand(DECODE_COPY_MAX_ROWS, 80))
+    assert torch.equal(layer(x[:limit]), layer.bias.expand(limit, 80))
     assert torch.equal(layer(x), packed_rows)
 
 
