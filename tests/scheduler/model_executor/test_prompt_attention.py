@@ -140,10 +140,13 @@ def test_the_backend_runs_bf16_prefill_spans_on_the_kernel(
     free = torch.randperm(slots_total, generator=gen).tolist()
     slots = [[free.pop() for _ in range(prefix + length)] for prefix, length in spec]
     batch = ForwardBatch.build([[0] * n for _, n in spec], [p for p, _ in spec], slots)
-    q = torch.randn(batch.num_tokens, heads, head_dim, generator=gen).bfloat16()
+    # q as a projection's view: the query heads of a wider row, not contiguous
+    qkv = torch.randn(batch.num_tokens, heads + 2 * kv_heads, head_dim, generator=gen)
+    q = qkv.bfloat16()[:, :heads]
     k = torch.randn(batch.num_tokens, kv_heads, head_dim, generator=gen).bfloat16()
     v = torch.randn(batch.num_tokens, kv_heads, head_dim, generator=gen).bfloat16()
     meta = backend.plan(batch)
+    assert len(meta.extends) == sum(1 for _, length in spec if length > 1)
     assert meta.extends and all(
         backend._prompt_kernel_fits(s, q, pool.k_buffers[0]) for s in meta.extends
     )

@@ -134,7 +134,9 @@ class TorchAttentionBackend(AttentionBackend):
                 if span.prefix_len:
                     span_k = k_buf.index_select(0, span.slots)
                     span_v = v_buf.index_select(0, span.slots)
-                out[rows] = torch.ops.tokenline.prompt_attention(q[rows], span_k, span_v, scale)
+                out[rows] = torch.ops.tokenline.prompt_attention(
+                    q[rows].contiguous(), span_k, span_v, scale
+                )
                 continue
             if span.prefix_len == 0:  # nothing cached: the new K/V are the whole context
                 span_k, span_v = k[rows], v[rows]
