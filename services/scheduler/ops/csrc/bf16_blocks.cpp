@@ -41,7 +41,7 @@ constexpr int64_t kMaxRows = 6;                  // rows kept in registers toget
 constexpr int64_t kPrefetchPairs = 8;
 
 // out[m, 0..63] for MR rows of x (row stride ldx) and one block of K2 pairs, in float32.
-template <int64_t MR>
+template <int64_t MR, bool Prefetch>
 void dot_block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* block, int64_t K2,
                float* out) {
   __m512 acc[MR][4];
@@ -51,8 +51,10 @@ void dot_block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* block, in
   const char* pairs = reinterpret_cast<const char*>(block);
   for (int64_t i = 0; i < K2; ++i) {
     const char* pair = pairs + i * kPairBytes;
-    for (int64_t line = 0; line < kPairBytes; line += 64) {
-      _mm_prefetch(pair + kPrefetchPairs * kPairBytes + line, _MM_HINT_T0);
+    if constexpr (Prefetch) {
+      for (int64_t line = 0; line < kPairBytes; line += 64) {
+        _mm_prefetch(pair + kPrefetchPairs * kPairBytes + line, _MM_HINT_T0);
+      }
     }
     __m512bh w[4];
     for (int64_t j = 0; j < 4; ++j) w[j] = (__m512bh)_mm512_loadu_si512(pair + 64 * j);
@@ -68,15 +70,16 @@ void dot_block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* block, in
   }
 }
 
+template <bool Prefetch>
 void dot_rows(int64_t rows, const at::BFloat16* x, int64_t ldx, const at::BFloat16* block,
               int64_t K2, float* out) {
   switch (rows) {
-    case 6: return dot_block<6>(x, ldx, block, K2, out);
-    case 5: return dot_block<5>(x, ldx, block, K2, out);
-    case 4: return dot_block<4>(x, ldx, block, K2, out);
-    case 3: return dot_block<3>(x, ldx, block, K2, out);
-    case 2: return dot_block<2>(x, ldx, block, K2, out);
-    default: return dot_block<1>(x, ldx, block, K2, out);
+    case 6: return dot_block<6, Prefetch>(x, ldx, block, K2, out);
+    case 5: return dot_block<5, Prefetch>(x, ldx, block, K2, out);
+    case 4: return dot_block<4, Prefetch>(x, ldx, block, K2, out);
+    case 3: return dot_block<3, Prefetch>(x, ldx, block, K2, out);
+    case 2: return dot_block<2, Prefetch>(x, ldx, block, K2, out);
+    default: return dot_block<1, Prefetch>(x, ldx, block, K2, out);
   }
 }
 
@@ -148,7 +151,12 @@ at::Tensor bf16_blocks_mm(const at::Tensor& x, const at::Tensor& packed, int64_t
       const int64_t n = b * kBlock, channels = std::min(kBlock, N - n);
       for (int64_t first = 0; first < M; first += kMaxRows) {
         const int64_t count = std::min(kMaxRows, M - first);
-        dot_rows(count, xp + first * K, K, pp + b * K * kBlock, K / 2, products);
+        // The block's first pass streams it from memory; later passes find it in cache.
+        if (first == 0) {
+          dot_rows<true>(count, xp + first * K, K, pp + b * K * kBlock, K / 2, products);
+        } else {
+          dot_rows<false>(count, xp + first * K, K, pp + b * K * kBlock, K / 2, products);
+        }
         store_rows(products, count, channels, op + first * N + n, N);
       }
     }
