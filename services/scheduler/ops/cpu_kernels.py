@@ -73,7 +73,10 @@ SOURCES = (
     _CSRC / "bf16_blocks.cpp",
     _CSRC / "prompt_attention.cpp",
 )
-HEADERS = (_CSRC / "float_vec.h",)  # included by the sources: part of the key too
+HEADERS = (
+    _CSRC / "float_vec.h",
+    _CSRC / "bf16_pairs.h",
+)  # included by the sources: part of the key too
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_PROPOSALS = 256
 """Proposals a row may reject before its inverse CDF decides. At least 1 in 16 is accepted

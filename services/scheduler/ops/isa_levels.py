@@ -68,6 +68,18 @@ def machine_level(cpu_flags: frozenset[str] | None = None, cap: str | None = Non
     return fitting[-1]  # baseline always fits
 
 
+def torch_cpu_has(probe_name: str) -> bool:
+    """One of torch.cpu's private feature probes; False where this torch has no such probe."""
+    probe = getattr(torch.cpu, probe_name, None)
+    return bool(probe()) if callable(probe) else False
+
+
+def has_amx() -> bool:
+    """Whether the CPU has AMX tiles: there oneDNN's and torch's bf16 kernels multiply on
+    them, and the engine's own pair-dot-product kernels step aside above a few rows."""
+    return torch_cpu_has("_is_amx_tile_supported")
+
+
 def read_cpu_flags() -> frozenset[str]:
     """The CPU's feature flags (Linux); elsewhere what torch reports, as a best effort."""
     try:

@@ -26,6 +26,7 @@ kernel already computes each request on its own).
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 
@@ -36,6 +37,7 @@ from torch.nn.utils.rnn import pad_sequence
 from services.scheduler.mem_cache.kv_pool import KVPool
 from services.scheduler.model_executor.attention.base import AttentionBackend, AttentionMetadata
 from services.scheduler.model_executor.forward_batch import ForwardBatch
+from services.scheduler.ops.isa_levels import has_amx
 
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -129,20 +131,16 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty_like(q)
         for span in meta.extends:
             rows = slice(span.start, span.start + span.length)
-            if self._prompt_kernel_fits(span, q, k_buf):
-                span_k, span_v = k[rows], v[rows]
-                if span.prefix_len:
-                    span_k = k_buf.index_select(0, span.slots)
-                    span_v = v_buf.index_select(0, span.slots)
-                out[rows] = torch.ops.tokenline.prompt_attention(
-                    q[rows].contiguous(), span_k, span_v, scale
-                )
-                continue
             if span.prefix_len == 0:  # nothing cached: the new K/V are the whole context
                 span_k, span_v = k[rows], v[rows]
             else:
                 span_k = k_buf.index_select(0, span.slots)
                 span_v = v_buf.index_select(0, span.slots)
+            if self._prompt_kernel_fits(span, q, k_buf):
+                out[rows] = torch.ops.tokenline.prompt_attention(
+                    q[rows].contiguous(), span_k, span_v, scale
+                )
+                continue
             span_q = q[rows].unsqueeze(0)
             if span.mask is None and span.prefix_len:
                 pads = pads_prefix(span.prefix_len, span.length)
@@ -171,7 +169,7 @@ class TorchAttentionBackend(AttentionBackend):
             and q.device.type == "cpu"
             and q.dtype == torch.bfloat16
             and k_buf.dtype == torch.bfloat16
-            and bool(torch.ops.tokenline.prompt_attention_fits(q.shape[-1]))
+            and prompt_kernel_takes(q.shape[-1])
         )
 
     def _kernel_fits(self, q: torch.Tensor, k_buf: torch.Tensor) -> bool:
@@ -188,13 +186,19 @@ def prompt_kernel_pays() -> bool:
     """Whether bf16 prefill spans go to ``tokenline::prompt_attention``: the loaded library
     has it (AVX512-BF16), and the CPU has no AMX, on whose tiles torch's flash kernel is the
     faster (``TOKENLINE_PROMPT_ATTENTION`` = ``torch`` or ``kernel`` overrides, to compare)."""
+    if not prompt_kernel_takes(64):
+        return False
     override = os.environ.get("TOKENLINE_PROMPT_ATTENTION", "")
     if override in ("torch", "kernel"):
-        return override == "kernel" and bool(torch.ops.tokenline.prompt_attention_fits(64))
-    if not torch.ops.tokenline.prompt_attention_fits(64):
-        return False
-    has_amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private, so probed
-    return not (callable(has_amx) and has_amx())
+        return override == "kernel"
+    return not has_amx()
+
+
+@functools.cache
+def prompt_kernel_takes(head_dim: int) -> bool:
+    """Whether the loaded library's prompt kernel runs this head size (asked once per size,
+    not per span and layer)."""
+    return bool(torch.ops.tokenline.prompt_attention_fits(head_dim))
 
 
 def _sdpa(

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from services.scheduler.ops.isa_levels import has_amx, torch_cpu_has
+
 AUTO = "auto"
 DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
@@ -32,12 +34,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _cpu_has(probe_name: str) -> bool:
-    """One of torch.cpu's private feature probes; False where this torch has no such probe."""
-    probe = getattr(torch.cpu, probe_name, None)
-    return bool(probe()) if callable(probe) else False
-
-
 @dataclass(frozen=True, slots=True)
 class HardwareCaps:
     """What the device computes natively; ``detect`` asks torch, tests build their own."""
@@ -53,9 +49,9 @@ class HardwareCaps:
             with torch.cuda.device(device):
                 return cls(has_cuda_bf16=torch.cuda.is_bf16_supported(including_emulation=False))
         return cls(
-            has_avx512_bf16=_cpu_has("_is_avx512_bf16_supported"),
-            has_amx=_cpu_has("_is_amx_tile_supported"),
-            has_amx_fp16=_cpu_has("_is_amx_fp16_supported"),
+            has_avx512_bf16=torch_cpu_has("_is_avx512_bf16_supported"),
+            has_amx=has_amx(),
+            has_amx_fp16=torch_cpu_has("_is_amx_fp16_supported"),
         )
 
 

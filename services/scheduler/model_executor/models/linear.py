@@ -54,6 +54,7 @@ from torch import nn
 from services.common.memory import usable_memory_bytes
 from services.scheduler.model_executor.models.int8_weight import Int8Weight
 from services.scheduler.ops.cpu_kernels import is_registered
+from services.scheduler.ops.isa_levels import has_amx
 
 logger = logging.getLogger(__name__)
 
@@ -247,12 +248,7 @@ def decode_copy_bytes(layers: list[RowShaped]) -> int:
 
 def decode_copy_max_rows() -> int:
     """The most rows a step may have to multiply by the decode copies on this CPU."""
-    has_amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private, so probed
-    return (
-        DECODE_COPY_MAX_ROWS
-        if callable(has_amx) and has_amx()
-        else DECODE_COPY_MAX_ROWS_WITHOUT_AMX
-    )
+    return DECODE_COPY_MAX_ROWS if has_amx() else DECODE_COPY_MAX_ROWS_WITHOUT_AMX
 
 
 def decode_copy_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:

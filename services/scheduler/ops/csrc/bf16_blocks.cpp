@@ -23,12 +23,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 
-#if defined(__AVX512BF16__)
-#include <immintrin.h>
-#endif
+#include "bf16_pairs.h"
 
 namespace {
 
@@ -59,9 +56,7 @@ void dot_block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* block, in
     __m512bh w[4];
     for (int64_t j = 0; j < 4; ++j) w[j] = (__m512bh)_mm512_loadu_si512(pair + 64 * j);
     for (int64_t m = 0; m < MR; ++m) {
-      int32_t x_pair;
-      std::memcpy(&x_pair, x + m * ldx + 2 * i, sizeof(x_pair));
-      const __m512bh xv = (__m512bh)_mm512_set1_epi32(x_pair);
+      const __m512bh xv = tokenline::broadcast_pair(x + m * ldx + 2 * i);
       for (int64_t j = 0; j < 4; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], w[j], xv);
     }
   }
@@ -90,7 +85,7 @@ void store_rows(const float* products, int64_t rows, int64_t channels, at::BFloa
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < channels; c += 16) {
       const __m256bh half = _mm512_cvtneps_pbh(_mm512_loadu_ps(products + r * kBlock + c));
-      const __mmask16 keep = channels - c >= 16 ? 0xFFFF : (1u << (channels - c)) - 1;
+      const __mmask16 keep = tokenline::first_lanes(channels - c);
       _mm256_mask_storeu_epi16(out + r * ldo + c, keep, (__m256i)half);
     }
   }
@@ -152,11 +147,8 @@ at::Tensor bf16_blocks_mm(const at::Tensor& x, const at::Tensor& packed, int64_t
       for (int64_t first = 0; first < M; first += kMaxRows) {
         const int64_t count = std::min(kMaxRows, M - first);
         // The block's first pass streams it from memory; later passes find it in cache.
-        if (first == 0) {
-          dot_rows<true>(count, xp + first * K, K, pp + b * K * kBlock, K / 2, products);
-        } else {
-          dot_rows<false>(count, xp + first * K, K, pp + b * K * kBlock, K / 2, products);
-        }
+        const auto dot = first == 0 ? dot_rows<true> : dot_rows<false>;
+        dot(count, xp + first * K, K, pp + b * K * kBlock, K / 2, products);
         store_rows(products, count, channels, op + first * N + n, N);
       }
     }

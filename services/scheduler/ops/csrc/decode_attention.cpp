@@ -18,18 +18,15 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "bf16_pairs.h"
 #include "float_vec.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512BF16__)
-#include <immintrin.h>
-#endif
 
 namespace {
 
@@ -148,6 +145,8 @@ struct Operands {
 };
 
 #if defined(__AVX512BF16__)
+using tokenline::first_lanes;
+
 // The bf16 pool's path where the build has AVX512-BF16 and head_dim is a multiple of 32:
 // both products by pair dot products (vdpbf16ps), float32 sums. Per key and query the
 // float path widens the key, multiplies 64 lanes and reduces them across the vector; here
@@ -175,11 +174,6 @@ inline __m512 lane_sums16(const __m512* v) {
   }
   return _mm512_add_ps(_mm512_shuffle_f32x4(eighths[0], eighths[1], 0x88),
                        _mm512_shuffle_f32x4(eighths[0], eighths[1], 0xDD));
-}
-
-// The first `count` (1 to 16) lanes of a vector.
-inline __mmask16 first_lanes(int64_t count) {
-  return count >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << count) - 1);
 }
 
 void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
@@ -276,9 +270,7 @@ void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tens
           pairs[2 * c + 1] = _mm512_unpackhi_epi16(x, y);
         }
         for (int64_t g = 0; g < group; ++g) {
-          int32_t pair;
-          std::memcpy(&pair, weights.data() + g * padded + s, sizeof(pair));
-          const __m512bh w = (__m512bh)_mm512_set1_epi32(pair);
+          const __m512bh w = tokenline::broadcast_pair(weights.data() + g * padded + s);
           __m512* sums = acc.data() + g * 2 * vecs;
           for (int64_t c = 0; c < 2 * vecs; ++c) {
             sums[c] = _mm512_dpbf16_ps(sums[c], (__m512bh)pairs[c], w);

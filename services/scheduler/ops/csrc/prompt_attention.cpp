@@ -31,9 +31,7 @@
 #include <limits>
 #include <vector>
 
-#if defined(__AVX512BF16__)
-#include <immintrin.h>
-#endif
+#include "bf16_pairs.h"
 
 namespace {
 
@@ -43,6 +41,8 @@ constexpr int64_t kQueryBlock = 16;  // query positions per work item
 constexpr int64_t kScoreRows = 8;    // query rows the scores micro-kernel keeps in registers
 
 using Bits = uint16_t;  // bf16 bit patterns
+using tokenline::broadcast_pair;
+using tokenline::first_lanes;
 
 // Where one (query position, query head) row's operands lie.
 struct Rows {
@@ -83,12 +83,6 @@ void pack_values(const at::BFloat16* v, int64_t stride, int64_t len, int64_t dim
     Bits* pair = dst + (s / 2) * dim * 2 + (s % 2);
     for (int64_t d = 0; d < dim; ++d) pair[2 * d] = row[d];
   }
-}
-
-inline __m512bh broadcast_pair(const Bits* p) {
-  int32_t bits;
-  std::memcpy(&bits, p, sizeof(bits));
-  return (__m512bh)_mm512_set1_epi32(bits);
 }
 
 // scores[r][0..31] = q_r . key for the tile's 32 keys, for kScoreRows query rows.
@@ -139,11 +133,6 @@ inline void weighted_tile(const Bits* const* weights, const Bits* values, float*
       _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_loadu_ps(dst), by, acc[r][c]));
     }
   }
-}
-
-// The first `count` (0 to 16) lanes of a vector.
-inline __mmask16 first_lanes(int64_t count) {
-  return count >= 16 ? 0xFFFF : count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
 }
 
 template <int64_t Dim>
@@ -249,14 +238,10 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s
 }
 #endif
 
-bool head_dim_fits(int64_t dim) {
-  return dim == 64 || dim == 128 || dim == 256;
-}
-
 // Whether this library runs prompt_attention for this head size.
 bool prompt_attention_fits(int64_t head_dim) {
 #if defined(__AVX512BF16__)
-  return head_dim_fits(head_dim);
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
 #else
   (void)head_dim;
   return false;

@@ -9,11 +9,11 @@ from services.scheduler.model_executor.models.dtype import (
     AUTO,
     DTYPES,
     HardwareCaps,
-    _cpu_has,
     choose_dtype,
     dtype_from_name,
     dtype_name,
 )
+from services.scheduler.ops.isa_levels import torch_cpu_has
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -79,5 +79,5 @@ def test_detection_on_this_machine() -> None:
     assert not caps.has_cuda_bf16
     assert caps.has_avx512_bf16 == torch.cpu._is_avx512_bf16_supported()
     assert caps.has_amx == torch.cpu._is_amx_tile_supported()
-    assert _cpu_has("_is_no_such_feature_supported") is False
+    assert torch_cpu_has("_is_no_such_feature_supported") is False
     assert choose_dtype(AUTO, FP32, CPU).dtype == FP32  # detected, yet fp32 stays fp32
