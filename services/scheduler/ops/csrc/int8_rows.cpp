@@ -38,9 +38,12 @@ constexpr int64_t kRowBlock = 4;      // rows of x kept in registers together
 constexpr int64_t kChannelBlock = 4;  // output channels read together
 constexpr int64_t kGrainChannels = 64;
 constexpr int64_t kLine = 64;  // bytes of a cache line
-// Software prefetch of the channel block this many blocks ahead: without it the loop read
-// 8-9 GB/s on the AMX Xeon, with it (1, 2 or 4 blocks alike) 15-23.
-constexpr int64_t kPrefetchBlocks = 2;
+// Software prefetch this many bytes ahead in the weight (a thread's channels are one
+// contiguous run): without it the loop read 8-9 GB/s on the AMX Xeon, with it 15-23. The
+// distance was two channel blocks (7 KiB at K = 896) until the Zen 4 EPYC read the LM head
+// and gate-up projection at 9-11 GB/s with it, 16-20 at 32 KiB (the down projection, K =
+// 4,864, 21-24 either way).
+constexpr int64_t kPrefetchBytes = 32 * 1024;
 
 // Sixteen int8 weights (eight with AVX2) as float lanes.
 inline Vec widen(const int8_t* p) {
@@ -64,8 +67,8 @@ void block(const float* x, const int8_t* q, int64_t K, float* dots, int64_t dots
   }
   const int64_t vector_end = K - K % kLanes;
   for (int64_t k = 0; k < vector_end; k += kLanes) {
-    if (k % kLine == 0) {  // the lines of the channel block kPrefetchBlocks ahead
-      const int8_t* ahead = q + kPrefetchBlocks * kChannelBlock * K + k;
+    if (k % kLine == 0) {  // each channel's line kPrefetchBytes ahead
+      const int8_t* ahead = q + kPrefetchBytes + k;
       for (int64_t j = 0; j < NR; ++j) __builtin_prefetch(ahead + j * K, 0, 3);
     }
     Vec w[NR];
