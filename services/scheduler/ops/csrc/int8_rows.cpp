@@ -43,10 +43,11 @@ constexpr int64_t kChannelBlock = 4;  // output channels read together
 constexpr int64_t kGrainChannels = 64;
 constexpr int64_t kLine = 64;  // bytes of a cache line
 // Software prefetch this many bytes ahead in the weight (a thread's channels are one
-// contiguous run): without it the loop read 8-9 GB/s on the AMX Xeon, with it 15-23. The
-// distance was two channel blocks (7 KiB at K = 896) until the Zen 4 EPYC read the LM head
-// and gate-up projection at 9-11 GB/s with it, 16-20 at 32 KiB (the down projection, K =
-// 4,864, 21-24 either way).
+// contiguous run), into L2 (prefetcht1): without prefetch the loop read 8-9 GB/s on the AMX
+// Xeon, with it 15-23. On the Zen 4 EPYC, two channel blocks ahead (7 KiB at K = 896) into
+// L1 left the LM head and the gate-up projection at 9-11 GB/s; 4-128 KiB ahead into L1,
+// 16-18; 16-64 KiB into L2 (or L3), 23-36 (the LM head 4.3-5.1 ms against the bf16 decode
+// copy's 9.3).
 constexpr int64_t kPrefetchBytes = 32 * 1024;
 
 // Sixteen int8 weights (eight with AVX2) as float lanes.
@@ -75,7 +76,7 @@ void block(const float* x, const int8_t* q, int64_t K, float* dots, int64_t dots
   for (int64_t k = 0; k < vector_end; k += kLanes) {
     if (k % kLine == 0) {  // each channel's line kPrefetchBytes ahead
       const int8_t* ahead = q + kPrefetchBytes + k;
-      for (int64_t j = 0; j < NR; ++j) __builtin_prefetch(ahead + j * K, 0, 3);
+      for (int64_t j = 0; j < NR; ++j) __builtin_prefetch(ahead + j * K, 0, 2);
     }
     Vec w[NR];
 #pragma GCC unroll 4
