@@ -67,9 +67,7 @@ inline Vec widen(const int8_t* p) {
 template <int64_t MR, int64_t NR>
 void block(const float* x, const int8_t* q, int64_t K, float* dots, int64_t dots_stride) {
   Vec acc[MR][NR];
-#pragma GCC unroll 4
   for (int64_t m = 0; m < MR; ++m) {
-#pragma GCC unroll 4
     for (int64_t j = 0; j < NR; ++j) acc[m][j] = Vec(0.0f);
   }
   const int64_t vector_end = K - K % kLanes;
@@ -79,12 +77,9 @@ void block(const float* x, const int8_t* q, int64_t K, float* dots, int64_t dots
       for (int64_t j = 0; j < NR; ++j) __builtin_prefetch(ahead + j * K, 0, 2);
     }
     Vec w[NR];
-#pragma GCC unroll 4
     for (int64_t j = 0; j < NR; ++j) w[j] = widen(q + j * K + k);
-#pragma GCC unroll 4
     for (int64_t m = 0; m < MR; ++m) {
       const Vec xv = Vec::loadu(x + m * K + k);
-#pragma GCC unroll 4
       for (int64_t j = 0; j < NR; ++j) acc[m][j] = at::vec::fmadd(xv, w[j], acc[m][j]);
     }
   }
