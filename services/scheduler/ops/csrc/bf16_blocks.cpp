@@ -29,71 +29,7 @@
 
 namespace {
 
-constexpr int64_t kBlock = 64;  // output channels a block holds
-
-#if defined(__AVX512BF16__)
-constexpr int64_t kPairBytes = kBlock * 2 * 2;  // one K pair of a block: 256 bytes
-constexpr int64_t kMaxRows = 6;                  // rows kept in registers together
-// Software prefetch this many K pairs (8 KiB) ahead of the loads, into L2 (prefetcht1). On
-// the Zen 4 EPYC this took a one-row decode step's copies from 322-363 to 285-342 ms over
-// ten steps (six alternations; medians 338 and 304), and 16-row calls 0.6-1.0x the time,
-// against 2 KiB into L1.
-constexpr int64_t kPrefetchPairs = 32;
-
-// out[m, 0..63] for MR rows of x (row stride ldx) and one block of K2 pairs, in float32.
-template <int64_t MR, bool Prefetch>
-void dot_block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* block, int64_t K2,
-               float* out) {
-  __m512 acc[MR][4];
-  for (int64_t m = 0; m < MR; ++m) {
-    for (int64_t j = 0; j < 4; ++j) acc[m][j] = _mm512_setzero_ps();
-  }
-  const char* pairs = reinterpret_cast<const char*>(block);
-  for (int64_t i = 0; i < K2; ++i) {
-    const char* pair = pairs + i * kPairBytes;
-    if constexpr (Prefetch) {
-      for (int64_t line = 0; line < kPairBytes; line += 64) {
-        _mm_prefetch(pair + kPrefetchPairs * kPairBytes + line, _MM_HINT_T1);
-      }
-    }
-    __m512bh w[4];
-    for (int64_t j = 0; j < 4; ++j) w[j] = (__m512bh)_mm512_loadu_si512(pair + 64 * j);
-    for (int64_t m = 0; m < MR; ++m) {
-      const __m512bh xv = tokenline::broadcast_pair(x + m * ldx + 2 * i);
-      for (int64_t j = 0; j < 4; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], w[j], xv);
-    }
-  }
-  for (int64_t m = 0; m < MR; ++m) {
-    for (int64_t j = 0; j < 4; ++j) _mm512_storeu_ps(out + m * kBlock + 16 * j, acc[m][j]);
-  }
-}
-
-template <bool Prefetch>
-void dot_rows(int64_t rows, const at::BFloat16* x, int64_t ldx, const at::BFloat16* block,
-              int64_t K2, float* out) {
-  switch (rows) {
-    case 6: return dot_block<6, Prefetch>(x, ldx, block, K2, out);
-    case 5: return dot_block<5, Prefetch>(x, ldx, block, K2, out);
-    case 4: return dot_block<4, Prefetch>(x, ldx, block, K2, out);
-    case 3: return dot_block<3, Prefetch>(x, ldx, block, K2, out);
-    case 2: return dot_block<2, Prefetch>(x, ldx, block, K2, out);
-    default: return dot_block<1, Prefetch>(x, ldx, block, K2, out);
-  }
-}
-
-// The first `channels` of each of `rows` float32 rows (stride kBlock) into out (stride ldo),
-// rounded to nearest even sixteen at a time.
-void store_rows(const float* products, int64_t rows, int64_t channels, at::BFloat16* out,
-                int64_t ldo) {
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < channels; c += 16) {
-      const __m256bh half = _mm512_cvtneps_pbh(_mm512_loadu_ps(products + r * kBlock + c));
-      const __mmask16 keep = tokenline::first_lanes(channels - c);
-      _mm256_mask_storeu_epi16(out + r * ldo + c, keep, (__m256i)half);
-    }
-  }
-}
-#endif
+using tokenline::kBlock;
 
 bool bf16_blocks() {
 #if defined(__AVX512BF16__)
@@ -144,6 +80,7 @@ at::Tensor bf16_blocks_mm(const at::Tensor& x, const at::Tensor& packed, int64_t
   at::Tensor out = at::empty({M, N}, x.options());
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
   at::parallel_for(0, num_blocks, 1, [&](int64_t begin, int64_t end) {
+    using tokenline::dot_rows, tokenline::kMaxRows, tokenline::store_rows;
     float products[kMaxRows * kBlock];
     for (int64_t b = begin; b < end; ++b) {
       const int64_t n = b * kBlock, channels = std::min(kBlock, N - n);

@@ -149,12 +149,12 @@ def within_one_sum_of_exact(got: torch.Tensor, x: torch.Tensor, table: Int8Weigh
     return bool(((got.double() - expected).abs() <= bound).all())
 
 
+MANY_ROW_SHAPES = [(9, 83, 96), (16, 130, 4864), (70, 7, 32), (200, 300, 896), (33, 65, 34)]
+MANY_ROW_IDS = ["9x83x96", "16x130x4864", "70x7x32", "200x300x896", "33x65x34"]
+
+
 @needs_compiler
-@pytest.mark.parametrize(
-    ("rows", "outputs", "width"),
-    [(9, 83, 96), (16, 130, 4864), (70, 7, 32), (200, 300, 896), (33, 65, 34)],
-    ids=["9x83x96", "16x130x4864", "70x7x32", "200x300x896", "33x65x34"],
-)
+@pytest.mark.parametrize(("rows", "outputs", "width"), MANY_ROW_SHAPES, ids=MANY_ROW_IDS)
 def test_many_bf16_rows_take_the_tiles_where_the_cpu_has_them(
     kernel_model_dir: Path, rows: int, outputs: int, width: int
 ) -> None:
@@ -166,13 +166,7 @@ def test_many_bf16_rows_take_the_tiles_where_the_cpu_has_them(
     dense path elsewhere."""
     if not torch.ops.tokenline.int8_tiles():
         pytest.skip("no oneDNN tile kernels (AMX) on this CPU")
-    gen = torch.Generator().manual_seed(rows * width)
-    table = Int8Weight.quantize(torch.randn(outputs, width, generator=gen), kernel=True)
-    x = torch.randn(rows, width, generator=gen).to(torch.bfloat16)
-    got = torch.ops.tokenline.int8_rows_mm(x, table.qweight, table.scales)
-    assert got.dtype == torch.bfloat16 and got.shape == (rows, outputs)
-    assert within_one_sum_of_exact(got, x, table)
-    assert within_one_sum_of_exact(table.matmul(x), x, table)
+    table, x = many_bf16_rows(rows, outputs, width)
     assert table.kernel_max_rows(x) == TILES_MAX_ROWS  # a small weight
     assert table.kernel_max_rows(x.float()) == OWN_KERNEL_MAX_ROWS
     large = Int8Weight(
@@ -181,6 +175,43 @@ def test_many_bf16_rows_take_the_tiles_where_the_cpu_has_them(
         kernel=True,
     )
     assert large.kernel_max_rows(x[:, :64]) == sys.maxsize
+
+
+@needs_compiler
+@pytest.mark.parametrize(("rows", "outputs", "width"), MANY_ROW_SHAPES, ids=MANY_ROW_IDS)
+def test_many_bf16_rows_take_pair_dot_products_on_avx512_bf16_without_tiles(
+    kernel_model_dir: Path, rows: int, outputs: int, width: int
+) -> None:
+    """Past 8 bf16 rows, where the library has AVX512-BF16 and the CPU no tiles, the kernel
+    widens each block of 64 output channels into bf16 pairs once and multiplies every row by
+    it: partial channel blocks, row groups of 6 with a ragged last one, widths past the last
+    whole 16-pair chunk (34: the scalar tail) and odd ones (the float loop), within a
+    float32 sum of exact products of the exact result. bf16 batches take the kernel at every
+    row count there, float32 ones up to 16 as before."""
+    if not torch.ops.tokenline.int8_pairs():
+        pytest.skip("no AVX512-BF16 build, or oneDNN's tiles take these rows (AMX)")
+    table, x = many_bf16_rows(rows, outputs, width)
+    assert table.kernel_max_rows(x) == sys.maxsize
+    assert table.kernel_max_rows(x.float()) == OWN_KERNEL_MAX_ROWS
+    # An odd width takes the float loop: the kernel takes any K (``can_quantize`` asks more).
+    gen = torch.Generator().manual_seed(width + 1)
+    odd = Int8Weight.quantize(torch.randn(outputs, width + 1, generator=gen), kernel=True)
+    wide = torch.randn(rows, width + 1, generator=gen).to(torch.bfloat16)
+    got = torch.ops.tokenline.int8_rows_mm(wide, odd.qweight, odd.scales)
+    assert within_one_sum_of_exact(got, wide, odd)
+
+
+def many_bf16_rows(rows: int, outputs: int, width: int) -> tuple[Int8Weight, torch.Tensor]:
+    """A random int8 weight and bf16 rows whose product, by the kernel directly and through
+    ``Int8Weight.matmul``'s routing, is checked against the exact one."""
+    gen = torch.Generator().manual_seed(rows * width)
+    table = Int8Weight.quantize(torch.randn(outputs, width, generator=gen), kernel=True)
+    x = torch.randn(rows, width, generator=gen).to(torch.bfloat16)
+    got = torch.ops.tokenline.int8_rows_mm(x, table.qweight, table.scales)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, outputs)
+    assert within_one_sum_of_exact(got, x, table)
+    assert within_one_sum_of_exact(table.matmul(x), x, table)
+    return table, x
 
 
 @needs_compiler
