@@ -37,7 +37,8 @@ things make it faster and leaner under serving:
   AMX Xeon, in its slower phases; 0.8-0.95 of oneDNN's time in its quicker ones). With AMX,
   above four rows the loop is bound by its dot products and oneDNN's tiles are faster, so
   the packed weight stays for those; without AMX oneDNN multiplies by the same dot products
-  and the copy takes steps of up to ``DECODE_COPY_MAX_ROWS_WITHOUT_AMX`` rows.
+  and the copy takes steps of up to ``DECODE_COPY_MAX_ROWS_WITHOUT_AMX`` rows (prefill
+  chunks included).
   The copy costs its memory, so by default (``decode_copy`` None: auto) it is kept only
   where it takes at most ``DECODE_COPY_AUTO_SHARE`` of the memory this process may use
   (``services/common/memory.py``: the machine's, capped by its cgroup's limit);
@@ -83,9 +84,12 @@ BUCKETS_PER_OCTAVE = 16
 DECODE_COPY_MAX_ROWS = 4
 # Without AMX oneDNN's bf16 matmul is pair dot products too, and the copy's kernel (six rows
 # at a time) beats it at every decode step size measured: 0.66-0.87x its time at 5-32 rows
-# on the 2-core AMD EPYC with AVX512_BF16 (Zen 4), level at 64. With AMX, oneDNN's tiles win
+# on the 2-core AMD EPYC with AVX512_BF16 (Zen 4), level at 64. Whole prefill steps there
+# took 0.91-0.97x oneDNN's time at 48-192 tokens (0.5B shape; the tiny model 0.85-0.92x: no
+# row padding, no pad copies) and 0.96-1.00x at 256-1,024, so the copy takes every step up
+# to the default step size (``--max-num-batched-tokens``). With AMX, oneDNN's tiles win
 # from five rows on (the copy took 1.18-1.31x its time on the Xeon), so the limit stays 4.
-DECODE_COPY_MAX_ROWS_WITHOUT_AMX = 32
+DECODE_COPY_MAX_ROWS_WITHOUT_AMX = 1024
 # Output channels in one block of the decode copy's layout (ops/csrc/bf16_blocks.cpp).
 DECODE_COPY_BLOCK = 64
 # Auto keeps the decode copies when they take at most this share of the usable memory: the

@@ -8,7 +8,7 @@ one ``index_add_``. The expert weights live stacked in ``[num_experts, ...]`` pa
 expert's pair for oneDNN and pads or tiles its rows as it does a ``Linear``'s
 (``linear.py``): a decode step gives most experts one to three rows, where oneDNN's packed
 matmul streams the weight about 1.6x as fast as ``F.linear`` from the [out, in] layout.
-With the decode copy an expert of up to ``decode_copy_rows`` rows (4 with AMX, 32 without)
+With the decode copy an expert of up to ``decode_copy_rows`` rows (4 with AMX, 1,024 without)
 multiplies by its weights' decode copies (``linear.py``). With ``--quantization int8`` each
 expert's weights are int8 (``int8_weight.py``); the router stays in full precision, since a
 rounded router score can send a token to another expert.
