@@ -13,10 +13,10 @@ beat dequantising the whole weight for the dense GEMM (``tiles_available``; at a
 for large weights, prefill included, up to ``TILES_MAX_ROWS`` for small ones). That path is
 not row-independent, so batch-invariant weights keep the row loop.
 
-Where AVX512-BF16 runs without AMX, bf16 batches of 8 rows or more take the pair path
+Where AVX512-BF16 runs without AMX, bf16 batches of 12 rows or more take the pair path
 instead, prefill included: each block of 64 output channels is widened once into the bf16
 decode copy's layout of VNNI pairs and multiplied by its loop (``pairs_available``; not
-row-independent either). On the Zen 4 EPYC it took 0.34-0.81x the dense path's time on the
+row-independent either). On the Zen 4 EPYC it took 0.34-0.85x the dense path's time on the
 0.5B shape's projections at 8-1,024 rows.
 
 Without the library, the multiply is torch's own weight-only int8 kernel,

@@ -36,10 +36,13 @@ using tokenline::lane_sum;
 using tokenline::Vec;
 
 // Rows of x kept in registers together. Two rows by four channels are eight float32
-// accumulators, which GCC 12 keeps in registers; with four rows (16) it kept the array in
-// memory and loaded and stored it on every step, and two passes of two rows, widening
-// the weight twice, took 0.5-0.75x the time at 4 and 8 rows on the Zen 4 EPYC.
-constexpr int64_t kRowBlock = 2;
+// accumulators, which GCC 12 keeps in registers as at::vec vectors; with four rows (16) it
+// kept that array in memory and loaded and stored it on every step, and two passes of two
+// rows took 0.5-0.75x the time at 4 and 8 rows on the Zen 4 EPYC. On AVX-512, block512
+// holds four rows' sixteen accumulators as raw __m512 (in registers): one pass where two
+// were, 0.75-0.85x their time at 4 and 6 rows there, level at 1 and 2. AVX2's sixteen
+// registers stay at two rows.
+constexpr int64_t kRowBlock = kLanes == 16 ? 4 : 2;
 constexpr int64_t kChannelBlock = 4;  // output channels read together
 constexpr int64_t kGrainChannels = 64;
 constexpr int64_t kLine = 64;  // bytes of a cache line
@@ -103,8 +106,64 @@ void block(const float* x, const int8_t* q, int64_t K, float* dots, int64_t dots
   }
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// block's loop on raw AVX-512 registers, for four rows: GCC 12 keeps an array of sixteen
+// at::vec vectors in memory, but sixteen __m512 accumulators (of 32 registers) in registers,
+// so four rows take one pass over the channels' bytes instead of two.
+template <int64_t MR, int64_t NR>
+void block512(const float* x, const int8_t* q, int64_t K, float* dots, int64_t dots_stride) {
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int64_t m = 0; m < MR; ++m) {
+#pragma GCC unroll 4
+    for (int64_t j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_ps();
+  }
+  const int64_t vector_end = K - K % 16;
+  for (int64_t k = 0; k < vector_end; k += 16) {
+    if (k % kLine == 0) {
+      const int8_t* ahead = q + kPrefetchBytes + k;
+#pragma GCC unroll 4
+      for (int64_t j = 0; j < NR; ++j) __builtin_prefetch(ahead + j * K, 0, 2);
+    }
+    __m512 w[NR];
+#pragma GCC unroll 4
+    for (int64_t j = 0; j < NR; ++j) {
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + j * K + k));
+      w[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+    }
+#pragma GCC unroll 4
+    for (int64_t m = 0; m < MR; ++m) {
+      const __m512 xv = _mm512_loadu_ps(x + m * K + k);
+#pragma GCC unroll 4
+      for (int64_t j = 0; j < NR; ++j) acc[m][j] = _mm512_fmadd_ps(xv, w[j], acc[m][j]);
+    }
+  }
+  float totals[MR][NR];
+#pragma GCC unroll 4
+  for (int64_t m = 0; m < MR; ++m) {
+#pragma GCC unroll 4
+    for (int64_t j = 0; j < NR; ++j) totals[m][j] = _mm512_reduce_add_ps(acc[m][j]);
+  }
+  for (int64_t m = 0; m < MR; ++m) {
+    for (int64_t j = 0; j < NR; ++j) {
+      float total = totals[m][j];
+      for (int64_t k = vector_end; k < K; ++k) total += x[m * K + k] * static_cast<float>(q[j * K + k]);
+      dots[m * dots_stride + j] = total;
+    }
+  }
+}
+#endif
+
 template <int64_t MR>
 void block_rows(int64_t nr, const float* x, const int8_t* q, int64_t K, float* dots, int64_t stride) {
+#if defined(CPU_CAPABILITY_AVX512)
+  switch (nr) {
+    case 4: return block512<MR, 4>(x, q, K, dots, stride);
+    case 3: return block512<MR, 3>(x, q, K, dots, stride);
+    case 2: return block512<MR, 2>(x, q, K, dots, stride);
+    default: return block512<MR, 1>(x, q, K, dots, stride);
+  }
+#endif
   switch (nr) {
     case 4: return block<MR, 4>(x, q, K, dots, stride);
     case 3: return block<MR, 3>(x, q, K, dots, stride);
@@ -116,6 +175,8 @@ void block_rows(int64_t nr, const float* x, const int8_t* q, int64_t K, float* d
 void any_block(int64_t mr, int64_t nr, const float* x, const int8_t* q, int64_t K, float* dots,
                int64_t stride) {
   switch (mr) {
+    case 4: return block_rows<4>(nr, x, q, K, dots, stride);
+    case 3: return block_rows<3>(nr, x, q, K, dots, stride);
     case 2: return block_rows<2>(nr, x, q, K, dots, stride);
     default: return block_rows<1>(nr, x, q, K, dots, stride);
   }
@@ -212,10 +273,11 @@ at::Tensor int8_tiles_mm(const at::Tensor& x, const int8_t* qp, const float* sp,
 // rows are multiplied by it six at a time with the decode copy's loop (pair dot products,
 // vdpbf16ps: 32 multiplies an instruction against the float loop's 16, and no widening per
 // pass). On the Zen 4 EPYC, the 0.5B shape's projections at 8-1,024 rows took 0.34-0.85x
-// the time of dequantising for oneDNN, and 0.2-0.75x the float loop's (the LM head at 8
-// rows 1.1x: there the widening outweighs the loop's second pass). A row's bits depend on
+// the time of dequantising for oneDNN, and 0.2-0.75x the float loop's two-row passes (the
+// LM head at 8 rows 1.1x). Against four-row passes the float loop wins at 8 rows (0.8x the
+// pair path's time), is level at 12 and loses from 16 (1.2-1.3x). A row's bits depend on
 // whether its batch took this path, so row-independent calls never do.
-constexpr int64_t kPairMinRows = 8;  // level there (Zen 4, weights from memory); below, floats win
+constexpr int64_t kPairMinRows = 12;  // level there with the float loop's 4-row passes (Zen 4)
 constexpr int64_t kPairsPerChunk = 16;  // K pairs widened together: one 16 x 16 transpose
 
 // 32 int8 weights as 32 bf16 (exact), i.e. 16 lanes of K pairs.

@@ -182,7 +182,8 @@ def test_many_bf16_rows_take_the_tiles_where_the_cpu_has_them(
 def test_many_bf16_rows_take_pair_dot_products_on_avx512_bf16_without_tiles(
     kernel_model_dir: Path, rows: int, outputs: int, width: int
 ) -> None:
-    """Past 8 bf16 rows, where the library has AVX512-BF16 and the CPU no tiles, the kernel
+    """From 12 bf16 rows (9 take the float loop's passes), where the library has AVX512-BF16
+    and the CPU no tiles, the kernel
     widens each block of 64 output channels into bf16 pairs once and multiplies every row by
     it: partial channel blocks, row groups of 6 with a ragged last one, widths past the last
     whole 16-pair chunk (34: the scalar tail) and odd ones (the float loop), within a
