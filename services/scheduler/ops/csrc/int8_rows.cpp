@@ -65,6 +65,30 @@ inline Vec widen(const int8_t* p) {
 #endif
 }
 
+// dots[m, j]: the lane sum of acc[m][j] (by `lane_total`) plus the scalar tail of its dot
+// product over [vector_end, K). The lane sums come first, in loops of fixed trip counts that
+// unroll: an epilogue that indexed acc inside the tail's loop kept acc in memory for the
+// whole block, and its main loop then loaded and stored the accumulators on every step
+// (GCC 12: one row read 21 GB/s of int8 from L3 on the Zen 4 EPYC, 34-38 in registers).
+template <int64_t MR, int64_t NR, typename Acc, typename LaneTotal>
+inline void finish_block(const Acc (&acc)[MR][NR], LaneTotal lane_total, const float* x,
+                         const int8_t* q, int64_t K, int64_t vector_end, float* dots,
+                         int64_t dots_stride) {
+  float totals[MR][NR];
+#pragma GCC unroll 4
+  for (int64_t m = 0; m < MR; ++m) {
+#pragma GCC unroll 4
+    for (int64_t j = 0; j < NR; ++j) totals[m][j] = lane_total(acc[m][j]);
+  }
+  for (int64_t m = 0; m < MR; ++m) {
+    for (int64_t j = 0; j < NR; ++j) {
+      float total = totals[m][j];
+      for (int64_t k = vector_end; k < K; ++k) total += x[m * K + k] * static_cast<float>(q[j * K + k]);
+      dots[m * dots_stride + j] = total;
+    }
+  }
+}
+
 // out[m, n] for MR rows from `x` (float32, row stride K) and NR channels from `q` (row stride
 // K), each a float32 dot product summed lane-wise over the vector part, then its lanes, then
 // the scalar tail: the same order for every (MR, NR).
@@ -87,23 +111,8 @@ void block(const float* x, const int8_t* q, int64_t K, float* dots, int64_t dots
       for (int64_t j = 0; j < NR; ++j) acc[m][j] = at::vec::fmadd(xv, w[j], acc[m][j]);
     }
   }
-  // The lane sums first, in loops of fixed trip counts that unroll: an epilogue that
-  // indexed acc inside the tail's loop kept acc in memory for the whole function, and the
-  // main loop then loaded and stored its accumulators on every step (GCC 12: one row read
-  // 21 GB/s of int8 from L3 on the Zen 4 EPYC, 34-38 with acc in registers).
-  float totals[MR][NR];
-#pragma GCC unroll 4
-  for (int64_t m = 0; m < MR; ++m) {
-#pragma GCC unroll 4
-    for (int64_t j = 0; j < NR; ++j) totals[m][j] = lane_sum(acc[m][j]);
-  }
-  for (int64_t m = 0; m < MR; ++m) {
-    for (int64_t j = 0; j < NR; ++j) {
-      float total = totals[m][j];
-      for (int64_t k = vector_end; k < K; ++k) total += x[m * K + k] * static_cast<float>(q[j * K + k]);
-      dots[m * dots_stride + j] = total;
-    }
-  }
+  finish_block<MR, NR>(acc, [](const Vec& v) { return lane_sum(v); }, x, q, K, vector_end, dots,
+                       dots_stride);
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -138,19 +147,8 @@ void block512(const float* x, const int8_t* q, int64_t K, float* dots, int64_t d
       for (int64_t j = 0; j < NR; ++j) acc[m][j] = _mm512_fmadd_ps(xv, w[j], acc[m][j]);
     }
   }
-  float totals[MR][NR];
-#pragma GCC unroll 4
-  for (int64_t m = 0; m < MR; ++m) {
-#pragma GCC unroll 4
-    for (int64_t j = 0; j < NR; ++j) totals[m][j] = _mm512_reduce_add_ps(acc[m][j]);
-  }
-  for (int64_t m = 0; m < MR; ++m) {
-    for (int64_t j = 0; j < NR; ++j) {
-      float total = totals[m][j];
-      for (int64_t k = vector_end; k < K; ++k) total += x[m * K + k] * static_cast<float>(q[j * K + k]);
-      dots[m * dots_stride + j] = total;
-    }
-  }
+  finish_block<MR, NR>(acc, [](__m512 v) { return _mm512_reduce_add_ps(v); }, x, q, K, vector_end,
+                       dots, dots_stride);
 }
 #endif
 
