@@ -43,7 +43,7 @@ constexpr int64_t kPrefetchPairs = 32;
 // out[m, 0..63] for MR rows of x (row stride ldx) and one block of K2 pairs, in float32.
 template <int64_t MR, bool Prefetch>
 inline void dot_block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* block, int64_t K2,
-               float* out) {
+                      float* out) {
   __m512 acc[MR][4];
   for (int64_t m = 0; m < MR; ++m) {
     for (int64_t j = 0; j < 4; ++j) acc[m][j] = _mm512_setzero_ps();
@@ -70,7 +70,7 @@ inline void dot_block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* bl
 
 template <bool Prefetch>
 inline void dot_rows(int64_t rows, const at::BFloat16* x, int64_t ldx, const at::BFloat16* block,
-              int64_t K2, float* out) {
+                     int64_t K2, float* out) {
   switch (rows) {
     case 6: return dot_block<6, Prefetch>(x, ldx, block, K2, out);
     case 5: return dot_block<5, Prefetch>(x, ldx, block, K2, out);

@@ -1,8 +1,10 @@
 // Weight-only int8 matmul on CPU: out[m, n] = scale[n] * sum_k x[m, k] * q[n, k], with q int8
 // [N, K] in its plain row-major layout and one float32 scale per output channel. Built per
 // machine with the other kernels by services/scheduler/ops/cpu_kernels.py; used by
-// model_executor/models/int8_weight.py for decode-sized batches (the float loop below) and,
-// where oneDNN's tile kernels run, for bf16 batches of more rows (the tile path further down).
+// model_executor/models/int8_weight.py for decode-sized batches (the float loop below) and
+// for bf16 batches of more rows: on oneDNN's tile kernels where they run (AMX, the tile path
+// further down), else by AVX512-BF16 pair dot products where the build has them (the pair
+// path after it).
 //
 // A decode step at a few rows waits on the weight bytes. torch's own kernel
 // (aten._weight_int8pack_mm) streamed the 0.5B shape's int8 weights at 9-14 GB/s at one row on
@@ -10,7 +12,8 @@
 // bytes at, so int8 gained little there and lost on the LM head. This kernel is built to stay
 // on the memory: each output channel's int8 row is read once per call (the row blocks reuse it
 // from cache), widened to float32 sixteen lanes at a time (eight with AVX2) and multiplied
-// into up to 2 x 4 float32 accumulators, the rows read in float32 once per call.
+// into up to 4 x 4 float32 accumulators (2 x 4 with AVX2), the rows read in float32 once per
+// call.
 //
 // Each output element is one float32 sum over K in the same order whatever the row count or
 // the thread split (rows only share the weight's loads), so a row's result does not depend on
@@ -152,21 +155,23 @@ void block512(const float* x, const int8_t* q, int64_t K, float* dots, int64_t d
 }
 #endif
 
+// One block of the float loop: on raw AVX-512 registers where the build has them.
+template <int64_t MR, int64_t NR>
+inline void run_block(const float* x, const int8_t* q, int64_t K, float* dots, int64_t stride) {
+#if defined(CPU_CAPABILITY_AVX512)
+  block512<MR, NR>(x, q, K, dots, stride);
+#else
+  block<MR, NR>(x, q, K, dots, stride);
+#endif
+}
+
 template <int64_t MR>
 void block_rows(int64_t nr, const float* x, const int8_t* q, int64_t K, float* dots, int64_t stride) {
-#if defined(CPU_CAPABILITY_AVX512)
   switch (nr) {
-    case 4: return block512<MR, 4>(x, q, K, dots, stride);
-    case 3: return block512<MR, 3>(x, q, K, dots, stride);
-    case 2: return block512<MR, 2>(x, q, K, dots, stride);
-    default: return block512<MR, 1>(x, q, K, dots, stride);
-  }
-#endif
-  switch (nr) {
-    case 4: return block<MR, 4>(x, q, K, dots, stride);
-    case 3: return block<MR, 3>(x, q, K, dots, stride);
-    case 2: return block<MR, 2>(x, q, K, dots, stride);
-    default: return block<MR, 1>(x, q, K, dots, stride);
+    case 4: return run_block<MR, 4>(x, q, K, dots, stride);
+    case 3: return run_block<MR, 3>(x, q, K, dots, stride);
+    case 2: return run_block<MR, 2>(x, q, K, dots, stride);
+    default: return run_block<MR, 1>(x, q, K, dots, stride);
   }
 }
 
@@ -406,7 +411,7 @@ at::Tensor int8_rows_mm(const at::Tensor& x, const at::Tensor& qweight, const at
 #endif
 #if defined(__AVX512BF16__)
   if (M >= kPairMinRows && x.scalar_type() == at::kBFloat16 && !row_independent && K % 2 == 0 &&
-      !tiles_available()) {
+      int8_pairs()) {
     return int8_pairs_mm(x, qweight.data_ptr<int8_t>(), scale.data_ptr<float>(), N);
   }
 #endif

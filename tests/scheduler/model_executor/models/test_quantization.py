@@ -183,9 +183,9 @@ def test_many_bf16_rows_take_pair_dot_products_on_avx512_bf16_without_tiles(
     kernel_model_dir: Path, rows: int, outputs: int, width: int
 ) -> None:
     """From 12 bf16 rows (9 take the float loop's passes), where the library has AVX512-BF16
-    and the CPU no tiles, the kernel
-    widens each block of 64 output channels into bf16 pairs once and multiplies every row by
-    it: partial channel blocks, row groups of 6 with a ragged last one, widths past the last
+    and the CPU no tiles, the kernel widens each block of 64 output channels into bf16 pairs
+    once and multiplies every row by it: partial channel blocks, row groups of 6 with a
+    ragged last one, widths past the last
     whole 16-pair chunk (34: the scalar tail) and odd ones (the float loop), within a
     float32 sum of exact products of the exact result. bf16 batches take the kernel at every
     row count there, float32 ones up to 16 as before."""
