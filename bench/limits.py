@@ -11,8 +11,9 @@ prefill against GEMM throughput (issue #36, items 2 and 3).
   prefill;
 * **decode at C = 1**: the bare forward of one token (all layers and the LM head) and the
   engine's whole ``step()`` at a short context, as weight bytes streamed per second; with
-  decode copies (the scheduler's ``--decode-copy``, kept by default where they fit), once
-  on oneDNN's packed weights and once on the copies, alternating, and their ratio;
+  decode copies (the scheduler's ``--decode-copy``, kept by default without AMX, else where
+  they fit), once on the copies and once on a second load of the model with oneDNN's packed
+  weights alone, alternating, and their ratio;
 * **prefill**: one long prompt prefilled through the scheduler's chunked steps, as prompt
   tokens/s times FLOPs per token (linear layers plus causal attention) over the GEMM
   throughput.
@@ -24,12 +25,12 @@ Each figure is a ratio of two measurements taken in this run, on this CPU. Write
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -138,20 +139,6 @@ def measure_decode(scheduler: Scheduler, context: int, copy_gb_s: float, repeats
     )
 
 
-@contextmanager
-def without_decode_copies(model: torch.nn.Module) -> Iterator[None]:
-    """The model's linear layers on oneDNN's packed weights alone for the block (their
-    decode copies set aside, then put back)."""
-    held = decode_copies(model)
-    for module, attribute in held:
-        setattr(module, attribute, None)
-    try:
-        yield
-    finally:
-        for (module, attribute), copy in held.items():
-            setattr(module, attribute, copy)
-
-
 def decode_copies(model: torch.nn.Module) -> dict[tuple[torch.nn.Module, str], Any]:
     """Every decode copy of the model, by (module, attribute): a ``Linear``'s
     ``decode_copy``, the MoE experts' ``decode_copies``."""
@@ -164,14 +151,15 @@ def decode_copies(model: torch.nn.Module) -> dict[tuple[torch.nn.Module, str], A
 
 
 def measure_decode_both(
-    scheduler: Scheduler, context: int, copy_gb_s: float, repeats: int
+    packed_only: Scheduler, copied: Scheduler, context: int, copy_gb_s: float, repeats: int
 ) -> tuple[Decode, Decode]:
-    """(packed, with the decode copies): two alternating rounds each, the faster kept."""
+    """(oneDNN's packed weights alone, with the decode copies), each on its own scheduler
+    (without AMX the copies replace the packed weights): two alternating rounds each, the
+    faster kept."""
     rounds: dict[str, list[Decode]] = {"packed": [], "copy": []}
     for _ in range(2):
-        with without_decode_copies(scheduler.runner.model):
-            rounds["packed"].append(measure_decode(scheduler, context, copy_gb_s, repeats))
-        rounds["copy"].append(measure_decode(scheduler, context, copy_gb_s, repeats))
+        rounds["packed"].append(measure_decode(packed_only, context, copy_gb_s, repeats))
+        rounds["copy"].append(measure_decode(copied, context, copy_gb_s, repeats))
     packed, copied = (min(runs, key=lambda d: d.forward_ms) for runs in rounds.values())
     return packed, copied
 
@@ -289,9 +277,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     copies = len(decode_copies(model))
     packed = None
     if copies:
+        packed_only = build(dataclasses.replace(bench_args, decode_copy=False))
         packed, decode = measure_decode_both(
-            scheduler, args.context, limits.copy_gb_s, args.repeats
+            packed_only, scheduler, args.context, limits.copy_gb_s, args.repeats
         )
+        del packed_only
         print_decode("decode C=1, oneDNN's packed weights", packed)
         print_decode(f"decode C=1, decode copies in {copies} modules", decode)
         print(f"decode copies / packed forward time: {decode.forward_ms / packed.forward_ms:.2f}")

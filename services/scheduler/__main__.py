@@ -110,12 +110,12 @@ def create_parser() -> argparse.ArgumentParser:
         "--decode-copy",
         action=argparse.BooleanOptionalAction,
         default=env_default("TOKENLINE_DECODE_COPY", None, parse_bool),
-        help="bf16 on a CPU with AVX512-BF16: keep each linear weight a second time in the "
-        "layout of the engine's decode kernel, which steps of up to 4 rows use (one "
-        "request's decode forward 1.2x faster on the AMX Xeon, for one more copy of the "
-        "weights in memory). Unset: kept where the copy takes at most a quarter of the "
-        "memory the process may use (its cgroup's limit or the machine's): "
-        "docs/scheduler.md#decode-copy",
+        help="bf16 on a CPU with AVX512-BF16: keep each linear weight in the layout of the "
+        "engine's decode kernel. With AMX a second copy, which steps of up to 4 rows use "
+        "(one request's decode forward 1.2x faster on the AMX Xeon); unset, kept where it "
+        "takes at most a quarter of the memory the process may use (its cgroup's limit or "
+        "the machine's). Without AMX it takes every step in place of oneDNN's packed "
+        "weight, and unset, it is always kept: docs/scheduler.md#decode-copy",
     )
     p.add_argument(
         "--kv-cache-tokens",

@@ -30,19 +30,20 @@ things make it faster and leaner under serving:
   meets the same kernel and the same reduction order whatever else is in the step; the
   extra rows and calls are the switch's cost (docs/batch-invariance.md).
 * **Decode copy (``--decode-copy``).** Where the engine's kernels are built at the
-  AVX512-BF16 level, a bf16 ``Linear`` also keeps its weight a second time in the layout of
-  ``ops/csrc/bf16_blocks.cpp``, which steps of up to ``decode_copy_max_rows()`` rows multiply
-  by: AVX512-BF16 pair dot products streaming the weight at 20-23 GB/s where oneDNN's
-  packed kernel read 13-14 (the 0.5B shape's layers and LM head at one row on the 2-core
-  AMX Xeon, in its slower phases; 0.8-0.95 of oneDNN's time in its quicker ones). With AMX,
-  above four rows the loop is bound by its dot products and oneDNN's tiles are faster, so
-  the packed weight stays for those; without AMX oneDNN multiplies by the same dot products
-  and the copy takes steps of up to ``DECODE_COPY_MAX_ROWS_WITHOUT_AMX`` rows (prefill
-  chunks included).
-  The copy costs its memory, so by default (``decode_copy`` None: auto) it is kept only
-  where it takes at most ``DECODE_COPY_AUTO_SHARE`` of the memory this process may use
-  (``services/common/memory.py``: the machine's, capped by its cgroup's limit);
-  ``--decode-copy`` keeps it whatever it takes, ``--no-decode-copy`` never.
+  AVX512-BF16 level, a bf16 ``Linear`` also keeps its weight in the layout of
+  ``ops/csrc/bf16_blocks.cpp`` (a ``DecodeCopy``): AVX512-BF16 pair dot products streaming
+  the weight at 20-23 GB/s where oneDNN's packed kernel read 13-14 (the 0.5B shape's layers
+  and LM head at one row on the 2-core AMX Xeon, in its slower phases; 0.8-0.95 of
+  oneDNN's time in its quicker ones). With AMX, above four rows the loop is bound by its
+  dot products and oneDNN's tiles are faster, so the copy takes steps of up to
+  ``DECODE_COPY_MAX_ROWS`` rows and the packed weight the rest; the copy is then extra
+  memory, so by default (``decode_copy`` None: auto) it is kept only where it takes at most
+  ``DECODE_COPY_AUTO_SHARE`` of the memory this process may use
+  (``services/common/memory.py``: the machine's, capped by its cgroup's limit).
+  Without AMX oneDNN multiplies by the same dot products and the copy's loop is the faster
+  or level at every step size measured, prefill included, so the copy takes every step and
+  *replaces* the packed weight: no second copy of the weights, hence auto keeps it whatever
+  the model's size. ``--decode-copy`` keeps it whatever it takes, ``--no-decode-copy`` never.
 * **int8 weights (``--quantization int8``).** A quantized layer multiplies through
   ``int8_weight.py`` instead, which neither packs nor pads (its kernels keep nothing per
   shape) and is batch-invariant by its kernel rather than by row tiles.
@@ -51,6 +52,8 @@ things make it faster and leaner under serving:
 from __future__ import annotations
 
 import logging
+import sys
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -80,23 +83,46 @@ SLICE_ROWS = 512
 SLOW_BAND = (SLICE_ROWS + 1, 1280)
 # Row buckets between one power of two and the next (a power of two itself).
 BUCKETS_PER_OCTAVE = 16
-# Rows up to which a layer with a decode copy multiplies by it (see the module docstring).
+# Rows up to which a layer's decode copy takes its steps on a CPU with AMX: above them
+# oneDNN's tiles beat the copy's dot products (five rows: 1.18-1.31x oneDNN's time on the
+# 2-core AMX Xeon), so the packed weight stays for larger steps and prefill.
 DECODE_COPY_MAX_ROWS = 4
 # Without AMX oneDNN's bf16 matmul is pair dot products too, and the copy's kernel (six rows
-# at a time) beats it at every decode step size measured: 0.66-0.87x its time at 5-32 rows
-# on the 2-core AMD EPYC with AVX512_BF16 (Zen 4), level at 64. Whole prefill steps there
-# took 0.91-0.97x oneDNN's time at 48-192 tokens (0.5B shape; the tiny model 0.85-0.92x: no
-# row padding, no pad copies) and 0.96-1.00x at 256-1,024, so the copy takes every step up
-# to the default step size (``--max-num-batched-tokens``). With AMX, oneDNN's tiles win
-# from five rows on (the copy took 1.18-1.31x its time on the Xeon), so the limit stays 4.
-DECODE_COPY_MAX_ROWS_WITHOUT_AMX = 1024
+# at a time) beats or matches it at every step size measured on the 2-core AMD EPYC with
+# AVX512_BF16 (Zen 4): 0.66-0.87x its time at 5-32 rows, level at 64; whole prefill steps
+# 0.91-0.97x at 48-192 tokens (0.5B shape; the tiny model 0.85-0.92x: no row padding, no
+# pad copies), 0.96-1.02x at 256-4,096 (docs/scheduler.md#decode-copy). There the copy
+# takes every step and replaces the packed weight.
+DECODE_COPY_EVERY_STEP = sys.maxsize
 # Output channels in one block of the decode copy's layout (ops/csrc/bf16_blocks.cpp).
 DECODE_COPY_BLOCK = 64
-# Auto keeps the decode copies when they take at most this share of the usable memory: the
-# 0.5B shape's 0.95 GiB under 8 GiB (the Kubernetes scheduler's limit) or more, not a 7B
-# model's 14 GiB on a 24 GiB machine, where the KV cache and the weights need the room.
+# With AMX (where the copies are extra), auto keeps them when they take at most this share
+# of the usable memory: the 0.5B shape's 0.95 GiB under 8 GiB (the Kubernetes scheduler's
+# limit) or more, not a 7B model's 14 GiB on a 24 GiB machine, where the KV cache and the
+# weights need the room.
 DECODE_COPY_AUTO_SHARE = 0.25
 _DECODE_COPY_OPS = ("pack_bf16_blocks", "bf16_blocks_mm")
+
+
+class DecodeCopy(NamedTuple):
+    """A bf16 weight [N, K] in the decode kernel's layout, ``[N/64][K/2][64][2]``: its N
+    output channels are padded up to whole blocks, so the matmul is told ``outputs``."""
+
+    blocks: torch.Tensor
+    outputs: int
+
+    @classmethod
+    def of(cls, weight: torch.Tensor) -> DecodeCopy:
+        return cls(torch.ops.tokenline.pack_bf16_blocks(weight.detach()), weight.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.nbytes
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ weight.T`` in bf16."""
+        out: torch.Tensor = torch.ops.tokenline.bf16_blocks_mm(x, self.blocks, self.outputs)
+        return out
 
 
 def _in_slow_band(rows: int, weight_shape: torch.Size) -> bool:
@@ -157,10 +183,14 @@ class RowShaped:
         """Reorder the weights for oneDNN; free the dense ones unless ``keep_dense``."""
         raise NotImplementedError
 
+    def drop_dense(self) -> None:
+        """Free the dense weights (once ``pack`` or a decode copy holds them)."""
+        raise NotImplementedError
+
     def copy_for_decode(self) -> int:
-        """Keep the bf16 weights a second time in the decode kernel's layout (before
-        ``pack`` drops the dense ones); returns the bytes kept: 0, and nothing kept, where
-        they are not bf16 or their inner width is odd."""
+        """Keep the bf16 weights in the decode kernel's layout too (before ``pack`` or
+        ``drop_dense`` frees the dense ones); returns the bytes kept: 0, and nothing kept,
+        where they are not bf16 or their inner width is odd."""
         raise NotImplementedError
 
     def matmul_rows(
@@ -169,7 +199,7 @@ class RowShaped:
         packed: torch.Tensor | None,
         dense: torch.Tensor | None,
         bias: torch.Tensor | None = None,
-        decode_copy: torch.Tensor | None = None,
+        decode_copy: DecodeCopy | None = None,
     ) -> torch.Tensor:
         """``x @ weight.T (+ bias)`` by the weight's decode copy if it has one and ``x`` is
         at most ``decode_copy_rows`` rows, else by the packed weight if there is one,
@@ -177,9 +207,7 @@ class RowShaped:
         module is set up (the padding rows are dropped after)."""
         num_rows = x.shape[0]
         if decode_copy is not None and num_rows <= self.decode_copy_rows:
-            weight = packed if packed is not None else dense
-            assert weight is not None
-            out: torch.Tensor = torch.ops.tokenline.bf16_blocks_mm(x, decode_copy, weight.shape[0])
+            out = decode_copy.matmul(x)
             return out if bias is None else out.add_(bias)
         if self.row_tile:
             padded = -(-num_rows // self.row_tile) * self.row_tile
@@ -206,7 +234,7 @@ class Linear(nn.Linear, RowShaped):
 
     packed_weight: torch.Tensor | None = None  # opaque oneDNN tensor; a plain attribute
     quantized: Int8Weight | None = None  # set by ``quantize``; then ``weight`` is None
-    decode_copy: torch.Tensor | None = None  # set by ``copy_for_decode``
+    decode_copy: DecodeCopy | None = None  # set by ``copy_for_decode``
 
     @property
     def quantized_weights(self) -> bool:
@@ -221,20 +249,23 @@ class Linear(nn.Linear, RowShaped):
     def copy_for_decode(self) -> int:
         if not can_copy_for_decode(self.weight):  # a router kept in float32
             return 0
-        self.decode_copy = torch.ops.tokenline.pack_bf16_blocks(self.weight.detach())
+        self.decode_copy = DecodeCopy.of(self.weight)
         return self.decode_copy.nbytes
 
     @torch.no_grad()
     def pack(self, keep_dense: bool) -> None:
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
         if not keep_dense:
-            self.weight = None  # type: ignore[assignment]
+            self.drop_dense()
+
+    def drop_dense(self) -> None:
+        self.weight = None  # type: ignore[assignment]
 
     def quantize(self, row_independent: bool) -> Int8Weight:
         """Hold the weight as int8 (``int8_weight.py``) and drop the dense one from this
         module; returns the int8 weight (a tied embedding reads it too)."""
         self.quantized = Int8Weight.quantize(self.weight, row_independent)
-        self.weight = None  # type: ignore[assignment]
+        self.drop_dense()
         return self.quantized
 
 
@@ -258,9 +289,15 @@ def decode_copy_bytes(layers: list[RowShaped]) -> int:
     return total
 
 
+def copy_replaces_packed() -> bool:
+    """Whether a decode copy takes every step on this CPU, in place of oneDNN's packed
+    weight (no AMX: see the module docstring)."""
+    return not has_amx()
+
+
 def decode_copy_max_rows() -> int:
-    """The most rows a step may have to multiply by the decode copies on this CPU."""
-    return DECODE_COPY_MAX_ROWS if has_amx() else DECODE_COPY_MAX_ROWS_WITHOUT_AMX
+    """The most rows a step multiplies by the decode copies on this CPU."""
+    return DECODE_COPY_EVERY_STEP if copy_replaces_packed() else DECODE_COPY_MAX_ROWS
 
 
 def decode_copy_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -284,21 +321,18 @@ def prepare_linears(
     """Set every ``Linear`` (and every other ``RowShaped`` module: MoE experts) of a loaded
     ``model`` up for ``device`` and ``dtype``: packed and padded where oneDNN runs them, in
     fixed row tiles when ``batch_invariant`` (see the module docstring), with a decode copy
-    when ``decode_copy`` (None: when it fits ``DECODE_COPY_AUTO_SHARE`` of the memory) and
-    this machine can (else it says why and goes on without); a quantized one is left to its
-    own kernels. Returns what was done, for the start-up log."""
+    when ``decode_copy`` (None: where it replaces the packed weight, or else fits
+    ``DECODE_COPY_AUTO_SHARE`` of the memory) and this machine can (else it says why and
+    goes on without); a quantized one is left to its own kernels. Returns what was done,
+    for the start-up log."""
     layers: list[RowShaped] = [
         m for m in model.modules() if isinstance(m, RowShaped) and not m.quantized_weights
     ]
-    copied = ""
+    copied, to_pack = "", layers
     if copy_decode_weights(layers, device, dtype, batch_invariant, decode_copy):
-        sizes = [layer.copy_for_decode() for layer in layers]
-        rows = decode_copy_max_rows()
-        for layer in layers:
-            layer.decode_copy_rows = rows
-        count, gib = sum(1 for size in sizes if size), sum(sizes) / 2**30
-        copied = f", {count} with a decode copy for up to {rows} rows ({gib:.2f} GiB more memory)"
-    how = _pack_or_pad(model, layers, device, dtype) + copied
+        copied, to_pack = _copy_for_decode(model, layers)
+    packed = _pack_or_pad(model, to_pack, device, dtype) if to_pack else ""
+    how = ", ".join(part for part in (packed, copied) if part)
     if not batch_invariant:
         return how
     for layer in layers:
@@ -325,7 +359,7 @@ def copy_decode_weights(
     if (why := decode_copy_unavailable(device, dtype)) is not None:
         report("%s: off, %s", flag, why)
         return False
-    if decode_copy is None:
+    if decode_copy is None and not copy_replaces_packed():
         needed, usable = decode_copy_bytes(layers), usable_memory_bytes()
         if needed > DECODE_COPY_AUTO_SHARE * usable:
             report(
@@ -340,21 +374,54 @@ def copy_decode_weights(
     return True
 
 
+def _copy_for_decode(model: nn.Module, layers: list[RowShaped]) -> tuple[str, list[RowShaped]]:
+    """Give each of ``layers`` its decode copy. With AMX the copy takes the steps of up to
+    ``DECODE_COPY_MAX_ROWS`` rows, beside the packed weight; without, it takes every step
+    and each dense weight is freed as soon as its copy is made (unless another module holds
+    it), so loading never holds the weights twice over. Returns the start-up log's phrase
+    and the layers still to pack (with AMX all of them; without, those left with no copy)."""
+    rows, replaces = decode_copy_max_rows(), copy_replaces_packed()
+    shared = _shared_parameters(model)
+    to_pack: list[RowShaped] = []
+    count = size = 0
+    for layer in layers:
+        kept = layer.copy_for_decode()
+        if kept:
+            count, size = count + 1, size + kept
+            layer.decode_copy_rows = rows
+        if not kept or not replaces:
+            to_pack.append(layer)
+        elif not _holds_shared(layer, shared):
+            layer.drop_dense()
+    gib = size / 2**30
+    if replaces:
+        return f"{count} on a decode copy for every step, no packed weight ({gib:.2f} GiB)", to_pack
+    return f"{count} with a decode copy for up to {rows} rows ({gib:.2f} GiB more memory)", to_pack
+
+
+def _shared_parameters(model: nn.Module) -> set[int]:
+    """Ids of the parameters that a module other than a ``RowShaped`` one holds too (a
+    tied LM head's embedding): those stay dense."""
+    return {
+        id(p)
+        for m in model.modules()
+        if not isinstance(m, RowShaped)
+        for p in m.parameters(recurse=False)
+    }
+
+
+def _holds_shared(layer: RowShaped, shared: set[int]) -> bool:
+    assert isinstance(layer, nn.Module)
+    return any(id(p) in shared for p in layer.parameters(recurse=False))
+
+
 def _pack_or_pad(
     model: nn.Module, layers: list[RowShaped], device: torch.device, dtype: torch.dtype
 ) -> str:
     if can_pack(device, dtype):
-        # A weight some other module holds too (a tied LM head's embedding) stays dense.
-        shared = {
-            id(p)
-            for m in model.modules()
-            if not isinstance(m, RowShaped)
-            for p in m.parameters(recurse=False)
-        }
+        shared = _shared_parameters(model)
         for layer in layers:
-            assert isinstance(layer, nn.Module)
-            own = layer.parameters(recurse=False)
-            layer.pack(keep_dense=any(id(p) in shared for p in own))
+            layer.pack(keep_dense=_holds_shared(layer, shared))
             layer.pad_rows = True
         return "packed"
     if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):

@@ -8,8 +8,9 @@ one ``index_add_``. The expert weights live stacked in ``[num_experts, ...]`` pa
 expert's pair for oneDNN and pads or tiles its rows as it does a ``Linear``'s
 (``linear.py``): a decode step gives most experts one to three rows, where oneDNN's packed
 matmul streams the weight about 1.6x as fast as ``F.linear`` from the [out, in] layout.
-With the decode copy an expert of up to ``decode_copy_rows`` rows (4 with AMX, 1,024 without)
-multiplies by its weights' decode copies (``linear.py``). With ``--quantization int8`` each
+With the decode copy an expert of up to ``decode_copy_rows`` rows multiplies by its weights'
+decode copies (``linear.py``): up to 4 with AMX, every step without (then the copies replace
+the packed weights). With ``--quantization int8`` each
 expert's weights are int8 (``int8_weight.py``); the router stays in full precision, since a
 rounded router score can send a token to another expert.
 """
@@ -23,6 +24,7 @@ from services.scheduler.model_executor.models.config import ModelConfig, MoeConf
 from services.scheduler.model_executor.models.int8_weight import Int8Weight
 from services.scheduler.model_executor.models.layers import ACTIVATIONS, MLP, gated
 from services.scheduler.model_executor.models.linear import (
+    DecodeCopy,
     Linear,
     RowShaped,
     can_copy_for_decode,
@@ -46,7 +48,7 @@ class Experts(nn.Module, RowShaped):
         # Per expert (gate_up, down) in oneDNN's layout once ``pack`` has run; likewise.
         self.packed: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         # Per expert (gate_up, down) in the decode kernel's layout (``--decode-copy``).
-        self.decode_copies: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.decode_copies: list[tuple[DecodeCopy, DecodeCopy]] | None = None
         self.gate_up_proj = nn.Parameter(torch.empty(moe.num_experts, 2 * size, hidden))
         self.down_proj = nn.Parameter(torch.empty(moe.num_experts, hidden, size))
         self.act = ACTIVATIONS[config.hidden_act]
@@ -81,7 +83,9 @@ class Experts(nn.Module, RowShaped):
             gate_up_packed, down_packed = self.packed[expert]
             hidden = self._activate(self.matmul_rows(x, gate_up_packed, None, None, copies[0]))
             return self.matmul_rows(hidden, down_packed, None, None, copies[1])
-        gate_up, down = self.gate_up_proj[expert], self.down_proj[expert]
+        # Dense, or None where the copies replaced the packed weights (no AMX).
+        gate_up = None if self.gate_up_proj is None else self.gate_up_proj[expert]
+        down = None if self.down_proj is None else self.down_proj[expert]
         hidden = self._activate(self.matmul_rows(x, None, gate_up, None, copies[0]))
         return self.matmul_rows(hidden, None, down, None, copies[1])
 
@@ -102,16 +106,18 @@ class Experts(nn.Module, RowShaped):
             for e in range(self.num_experts)
         ]
         if not keep_dense:
-            self.gate_up_proj = self.down_proj = None  # type: ignore[assignment]
+            self.drop_dense()
+
+    def drop_dense(self) -> None:
+        self.gate_up_proj = self.down_proj = None  # type: ignore[assignment]
 
     @torch.no_grad()
     def copy_for_decode(self) -> int:
         stacks = (self.gate_up_proj, self.down_proj)
         if not all(can_copy_for_decode(stack) for stack in stacks):
             return 0
-        pack = torch.ops.tokenline.pack_bf16_blocks
         self.decode_copies = [
-            (pack(self.gate_up_proj[e].detach()), pack(self.down_proj[e].detach()))
+            (DecodeCopy.of(self.gate_up_proj[e]), DecodeCopy.of(self.down_proj[e]))
             for e in range(self.num_experts)
         ]
         return sum(gate_up.nbytes + down.nbytes for gate_up, down in self.decode_copies)
@@ -121,7 +127,7 @@ class Experts(nn.Module, RowShaped):
         gate_up = Int8Weight.quantize(self.gate_up_proj, row_independent)
         down = Int8Weight.quantize(self.down_proj, row_independent)
         self.int8 = [(gate_up.select(e), down.select(e)) for e in range(self.num_experts)]
-        self.gate_up_proj = self.down_proj = None  # type: ignore[assignment]
+        self.drop_dense()
 
 
 class SparseMoeBlock(nn.Module):

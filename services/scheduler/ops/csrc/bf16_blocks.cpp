@@ -1,8 +1,8 @@
-// bf16 linear layers at decode's few rows, on a copy of the weight packed at load into
-// blocks of 64 output channels in VNNI pairs: block b holds W[64b + c][2i + j] at
-// [b][i][c][j], i < K/2, so each K pair of a block is 256 contiguous bytes and a block is
-// one front-to-back stream. Used by model_executor/models/linear.py for steps of up to
-// decode_copy_max_rows() rows when the decode copy is on.
+// bf16 linear layers, on a copy of the weight packed at load into blocks of 64 output
+// channels in VNNI pairs: block b holds W[64b + c][2i + j] at [b][i][c][j], i < K/2, so
+// each K pair of a block is 256 contiguous bytes and a block is one front-to-back stream.
+// Used by model_executor/models/linear.py for steps of up to decode_copy_max_rows() rows
+// when the decode copy is on.
 //
 // Why: a decode step at one row waits on the weight bytes, and oneDNN's packed bf16 matmul
 // streamed the 0.5B shape's layers at 13-14 GB/s on the 2-core AMX Xeon (model 207). This
@@ -10,7 +10,8 @@
 // the block's four vectors of 16 channels against each row's broadcast x pair, up to six
 // rows at once (24 accumulators), with software prefetch ahead of the loads. Above four rows
 // it is bound by the dot products: with AMX the layer keeps oneDNN's packed weight for
-// those; without, oneDNN runs the same dot products and this loop is the faster to 32 rows.
+// those; without, oneDNN runs the same dot products, this loop is faster or level at every
+// step size measured, and the copy takes every step in place of the packed weight.
 //
 // Built only at the avx512_bf16 ISA level (the instruction needs it); bf16_blocks() says
 // whether this library has it.

@@ -1,7 +1,9 @@
-"""--decode-copy: bf16 linear layers and MoE experts that also keep their weights in the
-layout of the engine's decode kernel (ops/csrc/bf16_blocks.cpp) and take it for steps of up
-to the CPU's row limit; oneDNN's packed weights above. The kernel runs where the
-engine's library is built at the AVX512-BF16 level; elsewhere the flag is off with a reason."""
+"""--decode-copy: bf16 linear layers and MoE experts that keep their weights in the layout
+of the engine's decode kernel (ops/csrc/bf16_blocks.cpp). With AMX the copy takes steps of up
+to DECODE_COPY_MAX_ROWS rows and oneDNN's packed weights the rest; without, it takes every
+step in place of the packed weights. The kernel runs where the engine's library is built at
+the AVX512-BF16 level; elsewhere the flag is off with a reason. Where these tests choose
+AMX or not, they do it with a FAKE of torch's CPU probe: the routing is what they show."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from services.scheduler.__main__ import parse_args
 from services.scheduler.model_executor.models import linear
 from services.scheduler.model_executor.models.linear import (
     DECODE_COPY_MAX_ROWS,
-    DECODE_COPY_MAX_ROWS_WITHOUT_AMX,
+    DecodeCopy,
     Linear,
     RowShaped,
     decode_copy_bytes,
@@ -33,6 +35,11 @@ from tests.scheduler.parity import all_logits
 CPU = torch.device("cpu")
 BF16_U = torch.finfo(torch.bfloat16).eps / 2
 FP32_U = torch.finfo(torch.float32).eps / 2
+
+
+def fake_amx(monkeypatch: pytest.MonkeyPatch, amx: bool) -> None:
+    """Make torch's probe say the CPU has AMX tiles, or not (a FAKE)."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
 
 
 @pytest.fixture
@@ -72,31 +79,69 @@ def test_the_block_kernel_is_the_product_at_any_shape(
 
 
 @needs_compiler
-@pytest.mark.parametrize("amx", [True, False], ids=["amx", "no-amx"])
-def test_a_layer_takes_its_copy_up_to_its_cpus_row_limit_and_the_packed_weight_above(
-    block_kernel: None, monkeypatch: pytest.MonkeyPatch, amx: bool
+def test_with_amx_a_layer_takes_its_copy_up_to_the_row_limit_and_the_packed_weight_above(
+    block_kernel: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Routing, shown with a copy of another weight (zeros, a FAKE copy): up to the row
-    limit the bias alone, more rows the real product. The limit is DECODE_COPY_MAX_ROWS on a
-    CPU with AMX (oneDNN's tiles win above it), DECODE_COPY_MAX_ROWS_WITHOUT_AMX without."""
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
-    limit = DECODE_COPY_MAX_ROWS if amx else DECODE_COPY_MAX_ROWS_WITHOUT_AMX
+    """Routing, shown with a copy of another weight (zeros, a FAKE copy): up to
+    DECODE_COPY_MAX_ROWS rows the bias alone, more rows the real product (oneDNN's tiles
+    win above the limit)."""
+    fake_amx(monkeypatch, True)
+    limit = DECODE_COPY_MAX_ROWS
     torch.manual_seed(0)
     layer = Linear(96, 80, bias=True, dtype=torch.bfloat16)
     weight = layer.weight.detach().clone()
     how = prepare_linears(layer, CPU, torch.bfloat16, decode_copy=True)
-    assert "1 with a decode copy" in how and layer.decode_copy is not None
+    assert how.startswith("packed, 1 with a decode copy") and layer.decode_copy is not None
     assert f"up to {limit} rows" in how and "GiB more memory" in how
-    assert layer.decode_copy_rows == limit
+    assert layer.decode_copy_rows == limit and layer.packed_weight is not None
     assert layer.decode_copy.nbytes == 2 * 64 * 96 * 2  # 80 channels fill 2 blocks of 64
     x = torch.randn(limit + 3, 96, dtype=torch.bfloat16)
-    for rows in sorted({1, min(5, limit), limit}):
+    for rows in (1, limit):
         got = layer(x[:rows]) - layer.bias
         assert within_bound(got, x[:rows], weight)
     packed_rows = layer(x)
-    layer.decode_copy = torch.ops.tokenline.pack_bf16_blocks(torch.zeros_like(weight))
+    layer.decode_copy = DecodeCopy.of(torch.zeros_like(weight))
     assert torch.equal(layer(x[:limit]), layer.bias.expand(limit, 80))
     assert torch.equal(layer(x), packed_rows)
+
+
+@needs_compiler
+def test_without_amx_the_copy_takes_every_step_in_place_of_the_packed_weight(
+    block_kernel: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No packed weight, no dense one: a prompt step longer than any default chunk is the
+    copy's product too (and with a FAKE copy of zeros, the bias alone)."""
+    fake_amx(monkeypatch, False)
+    torch.manual_seed(0)
+    layer = Linear(96, 80, bias=True, dtype=torch.bfloat16)
+    weight = layer.weight.detach().clone()
+    how = prepare_linears(layer, CPU, torch.bfloat16, decode_copy=True)
+    assert how.startswith("1 on a decode copy for every step, no packed weight"), how
+    assert layer.decode_copy is not None and layer.decode_copy.nbytes == 2 * 64 * 96 * 2
+    assert layer.packed_weight is None and layer.weight is None and not layer.pad_rows
+    x = torch.randn(2051, 96, dtype=torch.bfloat16)
+    for rows in (1, 7, 2051):
+        got = layer(x[:rows]) - layer.bias
+        assert within_bound(got, x[:rows], weight)
+    layer.decode_copy = DecodeCopy.of(torch.zeros_like(weight))
+    assert torch.equal(layer(x), layer.bias.expand(2051, 80))
+
+
+@needs_compiler
+def test_without_amx_a_weight_another_module_holds_stays_dense_beside_its_copy(
+    block_kernel: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tied LM head: the embedding still reads the weight, so only the packing goes."""
+    fake_amx(monkeypatch, False)
+    torch.manual_seed(0)
+    head = Linear(32, 100, bias=False, dtype=torch.bfloat16)
+    embedding = nn.Embedding(100, 32, dtype=torch.bfloat16)
+    embedding.weight = head.weight
+    prepare_linears(nn.ModuleList([embedding, head]), CPU, torch.bfloat16, decode_copy=True)
+    assert head.decode_copy is not None and head.packed_weight is None
+    assert head.weight is embedding.weight
+    ids = torch.tensor([3, 97])
+    assert within_bound(head(embedding(ids)), embedding(ids), embedding.weight.detach())
 
 
 def test_the_copy_is_off_with_a_reason_where_it_cannot_apply() -> None:
@@ -136,16 +181,22 @@ def test_the_estimate_is_what_the_copies_take(block_kernel: None) -> None:
 
 
 @needs_compiler
-def test_auto_keeps_the_copy_only_within_its_share_of_the_memory(
-    block_kernel: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("amx", [True, False], ids=["amx", "no-amx"])
+def test_auto_keeps_the_copy_only_within_its_share_of_the_memory_where_it_is_extra(
+    block_kernel: None,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    amx: bool,
 ) -> None:
-    """Unset, the copy is kept where it takes at most DECODE_COPY_AUTO_SHARE of the usable
-    memory (a FAKE reading of it here: the layer's copy takes 24 KiB); asked for, it is kept
-    past that; refused, never."""
+    """With AMX, unset, the copy is kept where it takes at most DECODE_COPY_AUTO_SHARE of
+    the usable memory (a FAKE reading of it here: the layer's copy takes 24 KiB); asked for,
+    it is kept past that; refused, never. Without AMX it replaces the packed weight, costs
+    nothing more, and auto keeps it whatever the share."""
+    fake_amx(monkeypatch, amx)
     needed = 2 * 64 * 96 * 2
     for usable, flag, kept in [
         (4 * needed, None, True),
-        (4 * needed - 2, None, False),
+        (4 * needed - 2, None, not amx),
         (needed, True, True),
         (2**40, False, False),
     ]:
@@ -155,7 +206,7 @@ def test_auto_keeps_the_copy_only_within_its_share_of_the_memory(
         with caplog.at_level(logging.INFO, logger=linear.__name__):
             how = prepare_linears(layer, CPU, torch.bfloat16, decode_copy=flag)
         assert (layer.decode_copy is not None) == kept, (usable, flag)
-        assert ("with a decode copy" in how) == kept
+        assert ("decode copy" in how) == kept
         refused = [r.getMessage() for r in caplog.records if "auto" in r.getMessage()]
         assert bool(refused) == (flag is None and not kept)
         if refused:
@@ -163,15 +214,23 @@ def test_auto_keeps_the_copy_only_within_its_share_of_the_memory(
 
 
 @needs_compiler
+@pytest.mark.parametrize("amx", [True, False], ids=["amx", "no-amx"])
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
 def test_a_model_with_the_copy_decodes_as_close_to_float32_as_without(
-    block_kernel: None, tmp_path: Path, default_model_dir: Path, name: str
+    block_kernel: None,
+    tmp_path: Path,
+    default_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    amx: bool,
 ) -> None:
     """Every projection, every expert and the tied LM head get a copy; the decode steps'
-    logits (one row: the copies) differ from the float32 model's by about what the packed
-    bf16 model's do."""
+    logits (one row: the copies; without AMX over a prompt the copies ran too) differ from
+    the float32 model's by about what the packed bf16 model's do."""
     checkpoint = save_checkpoint(build_hf_model(name), tmp_path, default_model_dir)
+    fake_amx(monkeypatch, amx)
     copied, _ = load_model(checkpoint, torch.bfloat16, "cpu", decode_copy=True)
+    monkeypatch.undo()
     linears = [m for m in copied.modules() if isinstance(m, Linear)]
     assert linears and all(m.decode_copy is not None for m in linears)
     experts = [m for m in copied.modules() if isinstance(m, Experts)]
