@@ -10,9 +10,9 @@ expert's pair for oneDNN and pads or tiles its rows as it does a ``Linear``'s
 matmul streams the weight about 1.6x as fast as ``F.linear`` from the [out, in] layout.
 With the decode copy an expert of up to ``decode_copy_rows`` rows multiplies by its weights'
 decode copies (``linear.py``): up to 4 with AMX, every step without (then the copies replace
-the packed weights). With ``--quantization int8`` each
-expert's weights are int8 (``int8_weight.py``); the router stays in full precision, since a
-rounded router score can send a token to another expert.
+the packed weights). With ``--quantization int8`` each expert's weights are int8
+(``int8_weight.py``); the router stays in full precision, since a rounded router score can
+send a token to another expert.
 """
 
 from __future__ import annotations
