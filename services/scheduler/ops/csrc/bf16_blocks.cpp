@@ -81,17 +81,10 @@ at::Tensor bf16_blocks_mm(const at::Tensor& x, const at::Tensor& packed, int64_t
   at::Tensor out = at::empty({M, N}, x.options());
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
   at::parallel_for(0, num_blocks, 1, [&](int64_t begin, int64_t end) {
-    using tokenline::dot_rows, tokenline::kMaxRows, tokenline::store_rows;
-    float products[kMaxRows * kBlock];
     for (int64_t b = begin; b < end; ++b) {
       const int64_t n = b * kBlock, channels = std::min(kBlock, N - n);
-      for (int64_t first = 0; first < M; first += kMaxRows) {
-        const int64_t count = std::min(kMaxRows, M - first);
-        // The block's first pass streams it from memory; later passes find it in cache.
-        const auto dot = first == 0 ? dot_rows<true> : dot_rows<false>;
-        dot(count, xp + first * K, K, pp + b * K * kBlock, K / 2, products);
-        store_rows(products, count, channels, op + first * N + n, N);
-      }
+      tokenline::rows_times_block(xp, M, K, pp + b * K * kBlock, channels, op + n, N,
+                                  /*stream=*/true);
     }
   });
   return out;

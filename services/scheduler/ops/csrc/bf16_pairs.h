@@ -16,6 +16,7 @@ constexpr int64_t kBlock = 64;  // output channels a block holds: [K / 2][64][2]
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace tokenline {
@@ -94,6 +95,22 @@ inline void store_rows(const float* products, int64_t rows, int64_t channels, at
       const __m256bh half = _mm512_cvtneps_pbh(values);
       _mm256_mask_storeu_epi16(out + r * ldo + c, keep, (__m256i)half);
     }
+  }
+}
+
+// All M rows of x (row stride K) times one block of K / 2 pairs, kMaxRows at a time, into
+// the block's `channels` columns of out (row stride ldo), scaled as store_rows does. With
+// `stream`, the first pass prefetches the block as it reads it from memory; later passes
+// find it in cache.
+inline void rows_times_block(const at::BFloat16* x, int64_t M, int64_t K,
+                             const at::BFloat16* block, int64_t channels, at::BFloat16* out,
+                             int64_t ldo, bool stream, const float* scales = nullptr) {
+  float products[kMaxRows * kBlock];
+  for (int64_t first = 0; first < M; first += kMaxRows) {
+    const int64_t count = std::min(kMaxRows, M - first);
+    const auto dot = stream && first == 0 ? dot_rows<true> : dot_rows<false>;
+    dot(count, x + first * K, K, block, K / 2, products);
+    store_rows(products, count, channels, out + first * ldo, ldo, scales);
   }
 }
 

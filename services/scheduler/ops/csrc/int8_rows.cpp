@@ -349,7 +349,7 @@ void widen_block_to_pairs(const int8_t* q, int64_t K, int64_t channels, at::BFlo
 }
 
 at::Tensor int8_pairs_mm(const at::Tensor& x, const int8_t* qp, const float* sp, int64_t N) {
-  using tokenline::kBlock, tokenline::kMaxRows;
+  using tokenline::kBlock;
   const int64_t M = x.size(0), K = x.size(1);
   const at::Tensor rows = x.contiguous();
   const at::BFloat16* xp = rows.data_ptr<at::BFloat16>();
@@ -358,15 +358,11 @@ at::Tensor int8_pairs_mm(const at::Tensor& x, const int8_t* qp, const float* sp,
   const int64_t num_blocks = (N + kBlock - 1) / kBlock;
   at::parallel_for(0, num_blocks, 1, [&](int64_t begin, int64_t end) {
     const auto block = uninitialized<at::BFloat16>(kBlock * K);
-    float products[kMaxRows * kBlock];
     for (int64_t b = begin; b < end; ++b) {
       const int64_t n = b * kBlock, channels = std::min(kBlock, N - n);
-      widen_block_to_pairs(qp + n * K, K, channels, block.get());
-      for (int64_t first = 0; first < M; first += kMaxRows) {
-        const int64_t count = std::min(kMaxRows, M - first);
-        tokenline::dot_rows<false>(count, xp + first * K, K, block.get(), K / 2, products);
-        tokenline::store_rows(products, count, channels, op + first * N + n, N, sp + n);
-      }
+      widen_block_to_pairs(qp + n * K, K, channels, block.get());  // just written: in cache
+      tokenline::rows_times_block(xp, M, K, block.get(), channels, op + n, N, /*stream=*/false,
+                                  sp + n);
     }
   });
   return out;
