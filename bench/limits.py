@@ -139,15 +139,15 @@ def measure_decode(scheduler: Scheduler, context: int, copy_gb_s: float, repeats
     )
 
 
-def decode_copies(model: torch.nn.Module) -> dict[tuple[torch.nn.Module, str], Any]:
-    """Every decode copy of the model, by (module, attribute): a ``Linear``'s
-    ``decode_copy``, the MoE experts' ``decode_copies``."""
-    return {
-        (module, attribute): getattr(module, attribute)
+def count_decode_copies(model: torch.nn.Module) -> int:
+    """The modules that hold decode copies: a ``Linear`` with its ``decode_copy``, MoE
+    experts with their ``decode_copies``."""
+    return sum(
+        1
         for module in model.modules()
         for attribute in ("decode_copy", "decode_copies")
         if getattr(module, attribute, None) is not None
-    }
+    )
 
 
 def measure_decode_both(
@@ -274,7 +274,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         f"{rows} rows {limits.gemm_tflops:.2f} TFLOP/s ({str(dtype).removeprefix('torch.')})",
         flush=True,
     )
-    copies = len(decode_copies(model))
+    copies = count_decode_copies(model)
     packed = None
     if copies:
         packed_only = build(dataclasses.replace(bench_args, decode_copy=False))
