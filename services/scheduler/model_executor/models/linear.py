@@ -328,10 +328,12 @@ def prepare_linears(
     layers: list[RowShaped] = [
         m for m in model.modules() if isinstance(m, RowShaped) and not m.quantized_weights
     ]
+    # Weights some other module holds too (a tied LM head's embedding) stay dense.
+    shared = _shared_parameters(model)
     copied, to_pack = "", layers
     if copy_decode_weights(layers, device, dtype, batch_invariant, decode_copy):
-        copied, to_pack = _copy_for_decode(model, layers)
-    packed = _pack_or_pad(model, to_pack, device, dtype) if to_pack else ""
+        copied, to_pack = _copy_for_decode(layers, shared)
+    packed = _pack_or_pad(to_pack, shared, device, dtype) if to_pack else ""
     how = ", ".join(part for part in (packed, copied) if part)
     if not batch_invariant:
         return how
@@ -374,14 +376,13 @@ def copy_decode_weights(
     return True
 
 
-def _copy_for_decode(model: nn.Module, layers: list[RowShaped]) -> tuple[str, list[RowShaped]]:
+def _copy_for_decode(layers: list[RowShaped], shared: set[int]) -> tuple[str, list[RowShaped]]:
     """Give each of ``layers`` its decode copy. With AMX the copy takes the steps of up to
     ``DECODE_COPY_MAX_ROWS`` rows, beside the packed weight; without, it takes every step
     and each dense weight is freed as soon as its copy is made (unless another module holds
     it), so loading never holds the weights twice over. Returns the start-up log's phrase
     and the layers still to pack (with AMX all of them; without, those left with no copy)."""
     rows, replaces = decode_copy_max_rows(), copy_replaces_packed()
-    shared = _shared_parameters(model)
     to_pack: list[RowShaped] = []
     count = size = 0
     for layer in layers:
@@ -416,10 +417,9 @@ def _holds_shared(layer: RowShaped, shared: set[int]) -> bool:
 
 
 def _pack_or_pad(
-    model: nn.Module, layers: list[RowShaped], device: torch.device, dtype: torch.dtype
+    layers: list[RowShaped], shared: set[int], device: torch.device, dtype: torch.dtype
 ) -> str:
     if can_pack(device, dtype):
-        shared = _shared_parameters(model)
         for layer in layers:
             layer.pack(keep_dense=_holds_shared(layer, shared))
             layer.pad_rows = True
