@@ -27,6 +27,7 @@
 
 #include "bf16_pairs.h"
 #include "float_vec.h"
+#include "transpose16.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -291,32 +292,6 @@ inline __m512i widen_to_pairs(const int8_t* p) {
   return (__m512i)_mm512_cvtne2ps_pbh(high, low);
 }
 
-// Transpose 16 x 16 32-bit lanes in place: afterwards v[p] lane c is what v[c] lane p was.
-inline void transpose_16x16(__m512i v[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {  // pairs of rows, interleaved by lane
-    t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {  // v[i + j]: rows i..i+3 of column 4L + j in 128-bit lane L
-    v[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    v[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    v[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    v[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int j = 0; j < 4; ++j) {  // gather lane L of the four row groups: column 4L + j
-    const __m512i a = _mm512_shuffle_i32x4(v[j], v[4 + j], 0x44);
-    const __m512i b = _mm512_shuffle_i32x4(v[j], v[4 + j], 0xEE);
-    const __m512i c = _mm512_shuffle_i32x4(v[8 + j], v[12 + j], 0x44);
-    const __m512i d = _mm512_shuffle_i32x4(v[8 + j], v[12 + j], 0xEE);
-    t[j] = _mm512_shuffle_i32x4(a, c, 0x88);
-    t[4 + j] = _mm512_shuffle_i32x4(a, c, 0xDD);
-    t[8 + j] = _mm512_shuffle_i32x4(b, d, 0x88);
-    t[12 + j] = _mm512_shuffle_i32x4(b, d, 0xDD);
-  }
-  for (int i = 0; i < 16; ++i) v[i] = t[i];
-}
-
 // Channels [0, channels) of the int8 rows at q (row stride K, K even) widened into one block
 // of the pair layout, block[i][c][j] = q[c][2i + j]; channels past them are zero.
 void widen_block_to_pairs(const int8_t* q, int64_t K, int64_t channels, at::BFloat16* block) {
@@ -334,7 +309,7 @@ void widen_block_to_pairs(const int8_t* q, int64_t K, int64_t channels, at::BFlo
         const int64_t channel = group + c;
         v[c] = channel < channels ? widen_to_pairs(q + channel * K + 2 * i) : _mm512_setzero_si512();
       }
-      transpose_16x16(v);
+      tokenline::transpose_16x16(v);
       for (int64_t p = 0; p < 16; ++p) _mm512_storeu_si512(pairs + (i + p) * tokenline::kBlock + group, v[p]);
     }
   }
