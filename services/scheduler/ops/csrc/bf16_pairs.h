@@ -108,8 +108,11 @@ inline void rows_times_block(const at::BFloat16* x, int64_t M, int64_t K,
   float products[kMaxRows * kBlock];
   for (int64_t first = 0; first < M; first += kMaxRows) {
     const int64_t count = std::min(kMaxRows, M - first);
-    const auto dot = stream && first == 0 ? dot_rows<true> : dot_rows<false>;
-    dot(count, x + first * K, K, block, K / 2, products);
+    if (stream && first == 0) {
+      dot_rows<true>(count, x + first * K, K, block, K / 2, products);
+    } else {
+      dot_rows<false>(count, x + first * K, K, block, K / 2, products);
+    }
     store_rows(products, count, channels, out + first * ldo, ldo, scales);
   }
 }
