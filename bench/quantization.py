@@ -1,4 +1,4 @@
-"""Weight-only int8 (``--quantization int8``) against the unquantized model: quality and speed.
+"""int8 (``--quantization int8``, and ``w8a8``) against the unquantized model: quality and speed.
 
 ``python -m bench.quantization [--model DIR]`` (default: the 0.5B-shaped tokenline-small)
 
@@ -17,7 +17,8 @@
   at that context, each variant in turn and the order alternated (``bench/model_impl.py``'s
   pattern), median milliseconds. int8 runs the engine's compiled kernel
   (``ops/csrc/int8_rows.cpp``, loaded from the model's ``kernels/`` as the engine loads it;
-  ``make kernels`` builds it) and, beside it, torch's ``_weight_int8pack_mm``.
+  ``make kernels`` builds it) and, beside it, torch's ``_weight_int8pack_mm``; w8a8 runs
+  ``ops/csrc/w8a8.cpp`` where the build has it (AVX512-VNNI).
 
 Prints both and writes ``bench/results/quantization.json``.
 """
@@ -49,9 +50,11 @@ from services.scheduler.model_executor.models.linear import prepare_linears
 from services.scheduler.model_executor.models.loader import checkpoint_files, load_native
 from services.scheduler.model_executor.models.quantization import (
     dequantize_model,
+    quantize_activations,
     quantize_model,
     use_int8_kernel,
 )
+from services.scheduler.model_executor.models.w8a8_weight import w8a8_available
 from services.scheduler.ops.cpu_kernels import SampleKernel
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -73,6 +76,8 @@ VARIANTS: dict[str, Callable[[NativeCausalLM], object]] = {
     NO_DECODE_COPY: lambda model: None,
     "int8": quantize_model,
     "int8, LM head exact": functools.partial(quantize_model, lm_head=False),
+    # --quantization w8a8: the same int8 weights packed, every matmul's activations int8.
+    "w8a8": lambda model: (quantize_model(model), quantize_activations(model)),
     "int8, torch's kernel": lambda model: (quantize_model(model), use_int8_kernel(model, False)),
     "float, int8 weights dequantised": lambda model: (
         quantize_model(model),
@@ -194,6 +199,8 @@ def quality(args: argparse.Namespace, prompts: list[list[int]]) -> dict[str, Any
     others = [v for v in VARIANTS if v not in ("float", NO_DECODE_COPY)]
     if args.dtype == torch.bfloat16:  # the yardstick is the reference itself
         others = [v for v in others if not v.startswith("bfloat16")]
+    if not (args.own_kernel and w8a8_available()):
+        others.remove("w8a8")  # no int8 x int8 kernel in this build
     for variant in others:
         stepper = Stepper(load_variant(args.model, args.dtype, variant), num_tokens)
         rows, _ = stepper.decode(prompts, args.new_tokens, forced(ref_tokens))
@@ -270,6 +277,8 @@ def speed(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     variants = ["float", NO_DECODE_COPY, "int8", "int8, LM head exact"]
     if args.own_kernel:
         variants.append("int8, torch's kernel")
+        if w8a8_available():
+            variants.append("w8a8")
     for variant in variants:
         model = load_variant(args.model, args.dtype, variant)
         c = model.config
@@ -285,7 +294,8 @@ def speed(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         ratios = "  ".join(f"{v} {ms[v]:8.1f} ms" for v in ms)
         print(
             f"{name:14s} {ratios}  float/int8 {ms['float'] / ms['int8']:.2f} (without the "
-            f"decode copy {ms[NO_DECODE_COPY] / ms['int8']:.2f})",
+            f"decode copy {ms[NO_DECODE_COPY] / ms['int8']:.2f})"
+            + (f"  float/w8a8 {ms['float'] / ms['w8a8']:.2f}" if "w8a8" in ms else ""),
             flush=True,
         )
     return report

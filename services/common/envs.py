@@ -46,7 +46,7 @@ ENV_VARS: dict[str, EnvVar] = {
             "TOKENLINE_BATCH_INVARIANT",
             "1: each request's output is independent of its batch (scheduler, slower)",
         ),
-        EnvVar("TOKENLINE_QUANTIZATION", "scheduler: weight quantization, none or int8"),
+        EnvVar("TOKENLINE_QUANTIZATION", "scheduler: weight quantization, none, int8 or w8a8"),
         EnvVar(
             "TOKENLINE_DECODE_COPY",
             "scheduler: bf16 weights also in the decode kernel's layout (true or false; "

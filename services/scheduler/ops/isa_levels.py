@@ -42,8 +42,8 @@ LEVELS: tuple[IsaLevel, ...] = (
     IsaLevel("avx512", _AVX512_CPU, (*_AVX512_BUILD, "-DCPU_CAPABILITY_AVX512"), 2),
     IsaLevel(
         "avx512_bf16",
-        _AVX512_CPU | {"avx512_bf16"},
-        (*_AVX512_BUILD, "-mavx512bf16", "-DCPU_CAPABILITY_AVX512"),
+        _AVX512_CPU | {"avx512_bf16", "avx512_vnni"},
+        (*_AVX512_BUILD, "-mavx512bf16", "-mavx512vnni", "-DCPU_CAPABILITY_AVX512"),
         2,
     ),
 )

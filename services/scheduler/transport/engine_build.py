@@ -50,7 +50,7 @@ class SchedulerProcessConfig:
     attention_backend: str
     model_impl: str  # auto | native | transformers (model/model_impl.py)
     batch_invariant: bool
-    quantization: str  # none | int8 (model/quantization.py)
+    quantization: str  # none | int8 | w8a8 (model/quantization.py)
     decode_copy: bool | None  # bf16 weights also in the decode kernel's layout; None: auto
     kv_cache_tokens: int
     kv_cache_memory_mb: int

@@ -24,7 +24,7 @@ from tests.scheduler.conftest import needs_compiler
 
 AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c"})
 AVX512 = AVX2 | {"avx512f", "avx512dq", "avx512vl", "avx512bw"}
-SAPPHIRE_RAPIDS = AVX512 | {"avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}
+SAPPHIRE_RAPIDS = AVX512 | {"avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}
 
 
 @pytest.fixture

@@ -141,6 +141,10 @@ class Int8Weight:
             self.qweight[index], self.scales[index], self.row_independent, self.kernel
         )
 
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """The int8 rows of output channels ``index`` (a tied embedding's lookup)."""
+        return self.qweight[index]
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight this stands for, in ``dtype`` (computed in float32)."""
         return (self.qweight.float() * self.scales[..., None]).to(dtype)

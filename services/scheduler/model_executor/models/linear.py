@@ -61,6 +61,7 @@ from torch import nn
 
 from services.common.memory import usable_memory_bytes
 from services.scheduler.model_executor.models.int8_weight import Int8Weight
+from services.scheduler.model_executor.models.w8a8_weight import QuantizedWeight
 from services.scheduler.ops.cpu_kernels import is_registered
 from services.scheduler.ops.isa_levels import has_amx
 
@@ -233,7 +234,7 @@ class Linear(nn.Linear, RowShaped):
     ``row_tile`` rows when that is set (batch-invariant mode)."""
 
     packed_weight: torch.Tensor | None = None  # opaque oneDNN tensor; a plain attribute
-    quantized: Int8Weight | None = None  # set by ``quantize``; then ``weight`` is None
+    quantized: QuantizedWeight | None = None  # set by ``quantize``; then ``weight`` is None
     decode_copy: DecodeCopy | None = None  # set by ``copy_for_decode``
 
     @property

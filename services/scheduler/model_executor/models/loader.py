@@ -29,6 +29,7 @@ from services.scheduler.model_executor.models.linear import prepare_linears
 from services.scheduler.model_executor.models.model_impl import resolve_model_impl
 from services.scheduler.model_executor.models.quantization import (
     check_quantization,
+    quantize_activations,
     quantize_model,
 )
 from services.scheduler.model_executor.models.registry import NATIVE_MODELS, check_native_support
@@ -72,7 +73,8 @@ def load_model(
     ``batch_invariant``: each row's result independent of the rest of its batch, at a cost
     (``linear.py``, ``torch_backend.py``). ``decode_kernel``: the compiled CPU decode
     attention kernel is loaded, for the backend to call (``torch_backend.py``).
-    ``quantization`` "int8": weight-only int8 (``quantization.py``). ``decode_copy``: bf16
+    ``quantization`` "int8": weight-only int8; "w8a8": int8 activations too
+    (``quantization.py``). ``decode_copy``: bf16
     linear layers also keep their weight in the decode kernel's layout (``linear.py``; None:
     where it fits a share of the memory). Raises
     ``UnsupportedModelError`` (one line) for a checkpoint the chosen path cannot run,
@@ -103,8 +105,11 @@ def load_model(
         model_dir, dtype, device, attention_backend, batch_invariant, decode_kernel
     )
     chosen = model.model.norm.weight.dtype
-    if quantization == "int8":
+    if quantization in ("int8", "w8a8"):
         logger.info("model %s: %s", model_dir.name, quantize_model(model, batch_invariant))
+    if quantization == "w8a8":
+        count = quantize_activations(model)
+        logger.info("model %s: w8a8, activations int8 in %d matmuls", model_dir.name, count)
     linears = prepare_linears(model, device, chosen, batch_invariant, decode_copy)
     logger.info(
         "model %s (%s): %s on %s, linear layers %s",

@@ -29,6 +29,7 @@ from services.scheduler.model_executor.models.linear import (
     RowShaped,
     can_copy_for_decode,
 )
+from services.scheduler.model_executor.models.w8a8_weight import QuantizedWeight
 
 
 class Experts(nn.Module, RowShaped):
@@ -44,7 +45,7 @@ class Experts(nn.Module, RowShaped):
         self.intermediate_size = size
         self.num_experts = moe.num_experts
         # Per expert (gate_up, down) once ``quantize`` has run; the stacks are then None.
-        self.int8: list[tuple[Int8Weight, Int8Weight]] | None = None
+        self.int8: list[tuple[QuantizedWeight, QuantizedWeight]] | None = None
         # Per expert (gate_up, down) in oneDNN's layout once ``pack`` has run; likewise.
         self.packed: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         # Per expert (gate_up, down) in the decode kernel's layout (``--decode-copy``).

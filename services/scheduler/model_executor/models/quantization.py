@@ -6,7 +6,12 @@ experts and the LM head, per output channel (``int8_weight.py``); norms, biases 
 routers stay as loaded. A tied embedding is then looked up from the LM head's int8 table:
 the head's output channels are the vocabulary rows, so the embedding and the head stay one
 table, the same numbers, and the dense copy is freed. An untied embedding is left exact
-(a lookup reads a few rows, so int8 would save memory but no time). docs/quantization.md
+(a lookup reads a few rows, so int8 would save memory but no time).
+
+``w8a8`` quantizes the same weights the same way, packs them for the engine's int8 x int8
+kernel and quantizes every matmul's activations too, one scale per row
+(``w8a8_weight.py``): prompt chunks and large batches wait on multiplies, which
+AVX512-VNNI does twice as many of an instruction in int8 as in bf16. docs/quantization.md
 has the measurements behind these choices.
 """
 
@@ -25,10 +30,17 @@ from services.scheduler.model_executor.models.int8_weight import (
 )
 from services.scheduler.model_executor.models.linear import Linear
 from services.scheduler.model_executor.models.moe import Experts, SparseMoeBlock
+from services.scheduler.model_executor.models.w8a8_weight import (
+    QuantizedWeight,
+    W8A8Weight,
+    w8a8_available,
+)
 from services.scheduler.ops.cpu_kernels import is_registered
+from services.scheduler.ops.isa_levels import machine_level
 
-Quantization = Literal["none", "int8"]
-QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8")
+Quantization = Literal["none", "int8", "w8a8"]
+QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8", "w8a8")
+DYNAMIC_LEVEL = "avx512_bf16"  # the kernel build with AVX512-VNNI (ops/isa_levels.py)
 
 
 class QuantizationError(ValueError):
@@ -53,19 +65,24 @@ def check_quantization(quantization: str, device: torch.device, model_path: str)
             f"--quantization {quantization} needs a native model (--model-impl native): "
             "the transformers path runs transformers' own linear layers"
         )
+    if quantization == "w8a8" and machine_level().name != DYNAMIC_LEVEL:
+        raise QuantizationError(
+            f"--quantization w8a8 needs AVX512-VNNI and AVX512-BF16 (kernel level "
+            f"{DYNAMIC_LEVEL}); this CPU runs {machine_level().name}: use int8"
+        )
 
 
 class QuantizedEmbedding(nn.Module):
     """A tied embedding read from the LM head's int8 table: row ``i`` is
     ``qweight[i] * scales[i]``, the very row the head scores hidden states against."""
 
-    def __init__(self, table: Int8Weight, dtype: torch.dtype) -> None:
+    def __init__(self, table: QuantizedWeight, dtype: torch.dtype) -> None:
         super().__init__()
         self.table = table
         self.dtype = dtype
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        rows = self.table.qweight[input_ids].float() * self.table.scales[input_ids, None]
+        rows = self.table.rows(input_ids).float() * self.table.scales[input_ids, None]
         return rows.to(self.dtype)
 
 
@@ -123,9 +140,9 @@ def dequantize_model(model: NativeCausalLM) -> None:
         model.tie_weights()
 
 
-def int8_weights(model: nn.Module) -> list[Int8Weight]:
+def int8_weights(model: nn.Module) -> list[QuantizedWeight]:
     """Every int8 weight of a quantized ``model``: its projections' and its experts'."""
-    weights: list[Int8Weight] = []
+    weights: list[QuantizedWeight] = []
     for module in model.modules():
         if isinstance(module, Linear) and module.quantized is not None:
             weights.append(module.quantized)
@@ -134,13 +151,39 @@ def int8_weights(model: nn.Module) -> list[Int8Weight]:
     return weights
 
 
+def quantize_activations(model: NativeCausalLM) -> int:
+    """Turn a quantized ``model``'s int8 weights into w8a8 ones (``w8a8_weight.py``), the
+    tied embedding's table with its head's; returns how many it turned."""
+    if not w8a8_available():
+        raise QuantizationError(
+            "--quantization w8a8 needs the engine's compiled kernels at level "
+            f"{DYNAMIC_LEVEL}, which are not loaded"
+        )
+    count = 0
+    for module in model.modules():
+        if isinstance(module, Linear) and isinstance(module.quantized, Int8Weight):
+            module.quantized = W8A8Weight.pack(module.quantized)
+            count += 1
+        elif isinstance(module, Experts) and module.int8 is not None:
+            module.int8 = [(_packed(a), _packed(b)) for a, b in module.int8]
+            count += 2 * len(module.int8)
+    embedding = model.model.embed_tokens
+    if isinstance(embedding, QuantizedEmbedding) and model.lm_head.quantized is not None:
+        embedding.table = model.lm_head.quantized
+    return count
+
+
+def _packed(weight: QuantizedWeight) -> W8A8Weight:
+    return weight if isinstance(weight, W8A8Weight) else W8A8Weight.pack(weight)
+
+
 def use_int8_kernel(model: nn.Module, enabled: bool = True) -> int:
     """Switch ``model``'s int8 matmuls to the engine's compiled kernel (``enabled``) or to
     torch's (a comparison's baseline: ``bench/quantization.py``, the tests); returns how
     many weights it switched. Enabling needs the kernel library loaded."""
     if enabled and not is_registered(ROWS_KERNEL):
         raise RuntimeError(f"torch.ops.tokenline.{ROWS_KERNEL} is not loaded")
-    weights = int8_weights(model)
+    weights = [w for w in int8_weights(model) if isinstance(w, Int8Weight)]
     for weight in weights:
         weight.kernel = enabled
     return len(weights)

@@ -3,7 +3,7 @@ the rounding its kernel allows (torch's bf16 one or the engine's compiled one),
 bit-identically for a row alone and in any batch when batch-invariant; a quantized
 checkpoint (fused projections, experts, tied head) stays closer to its dequantised reference
 than serving that reference in bf16 does; the flag is refused in one line where it cannot
-run."""
+run. (``--quantization w8a8``: ``test_w8a8.py``.)"""
 
 from __future__ import annotations
 
