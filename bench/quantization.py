@@ -54,7 +54,7 @@ from services.scheduler.model_executor.models.quantization import (
     quantize_model,
     use_int8_kernel,
 )
-from services.scheduler.model_executor.models.w8a8_weight import w8a8_available
+from services.scheduler.model_executor.models.w8a8_weight import W8A8Weight, w8a8_available
 from services.scheduler.ops.cpu_kernels import SampleKernel
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -223,9 +223,10 @@ def matmul_errors(files: list[Path], prefix: str = "") -> dict[str, float]:
     """Per-channel int8 on every [N, K] weight in ``files`` whose name starts with
     ``prefix`` and whose K the kernel takes: the relative
     error of the product with Gaussian rows, from rounding the weight alone (dequantised,
-    float32) and through the whole int8 path (bf16 rows, the kernel); median and max."""
+    float32), through the whole int8 path (bf16 rows, the kernel) and, where its kernel is
+    built, the w8a8 path (rows quantized too); median and max."""
     gen = torch.Generator().manual_seed(0)
-    rounding, path = [], []
+    rounding, path, w8a8 = [], [], []
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
@@ -239,12 +240,65 @@ def matmul_errors(files: list[Path], prefix: str = "") -> dict[str, float]:
                 exact = x @ weight.T
                 rounding.append(relative_error(x @ table.dequantize().T, exact))
                 path.append(relative_error(table.matmul(x), exact))
-    return {
+                if w8a8_available():
+                    w8a8.append(relative_error(W8A8Weight.pack(table).matmul(x), exact))
+    report = {
         "weights": len(rounding),
         "rounding_median": statistics.median(rounding),
         "rounding_max": max(rounding),
         "int8_path_median": statistics.median(path),
         "int8_path_max": max(path),
+    }
+    if w8a8:
+        report |= {"w8a8_path_median": statistics.median(w8a8), "w8a8_path_max": max(w8a8)}
+    return report
+
+
+def trained_activation_errors() -> dict[str, float]:
+    """The int8 and w8a8 paths on a trained model's own activations, not Gaussian rows:
+    all-MiniLM-L6-v2 (an encoder, run by transformers) over ``PROMPTS``, each linear
+    layer's input rows captured and multiplied by its weight both ways, against float32.
+    Trained transformers carry a few activation channels far above the rest, which one
+    int8 scale per row has to span; ``outlier_ratio`` is max |x| / rms(x) of a layer's
+    rows (median over layers), about 3-4 for Gaussian rows of this width."""
+    from transformers import AutoModel, AutoTokenizer  # imported on use: seconds of import
+
+    folder = Path(trained_checkpoint()[0]).parent
+    model = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    inputs: dict[str, list[torch.Tensor]] = {}
+    hooks = [
+        module.register_forward_pre_hook(
+            lambda m, args, name=name: inputs.setdefault(name, []).append(
+                args[0].reshape(-1, args[0].shape[-1]).detach()
+            )
+        )
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and module.in_features % K_MULTIPLE == 0
+    ]
+    with torch.no_grad():
+        for text in PROMPTS:
+            model(**tokenizer(text, return_tensors="pt"))
+    for hook in hooks:
+        hook.remove()
+    modules = dict(model.named_modules())
+    int8, w8a8, outliers = [], [], []
+    for name, rows in inputs.items():
+        x = torch.cat(rows)
+        weight = modules[name].weight.detach()
+        exact = x @ weight.T
+        table = Int8Weight.quantize(weight)
+        int8.append(relative_error(table.matmul(x), exact))
+        w8a8.append(relative_error(W8A8Weight.pack(table).matmul(x), exact))
+        outliers.append(float((x.abs().amax(-1) / x.pow(2).mean(-1).sqrt()).median()))
+    return {
+        "layers": len(int8),
+        "int8_path_median": statistics.median(int8),
+        "int8_path_max": max(int8),
+        "w8a8_path_median": statistics.median(w8a8),
+        "w8a8_path_max": max(w8a8),
+        "outlier_ratio_median": statistics.median(outliers),
+        "outlier_ratio_max": max(outliers),
     }
 
 
@@ -332,7 +386,25 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"matmul rel. error, {name}: weight rounding median {row['rounding_median']:.4f}"
                 f" max {row['rounding_max']:.4f}; int8 path median {row['int8_path_median']:.4f}"
-                f" max {row['int8_path_max']:.4f} ({row['weights']} weights)",
+                f" max {row['int8_path_max']:.4f}"
+                + (
+                    f"; w8a8 path median {row['w8a8_path_median']:.4f}"
+                    f" max {row['w8a8_path_max']:.4f}"
+                    if "w8a8_path_median" in row
+                    else ""
+                )
+                + f" ({row['weights']} weights)",
+                flush=True,
+            )
+        if w8a8_available():
+            row = trained_activation_errors()
+            report["trained_activations"] = row
+            print(
+                f"on all-MiniLM-L6-v2's own activations ({row['layers']} linears): int8 path "
+                f"median {row['int8_path_median']:.4f} max {row['int8_path_max']:.4f}; w8a8 "
+                f"path median {row['w8a8_path_median']:.4f} max {row['w8a8_path_max']:.4f}; "
+                f"max |x| / rms(x) per row median {row['outlier_ratio_median']:.1f} "
+                f"(largest layer {row['outlier_ratio_max']:.1f})",
                 flush=True,
             )
     if args.skip != "speed":

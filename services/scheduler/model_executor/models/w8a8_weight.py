@@ -7,8 +7,8 @@ Every matmul takes that kernel, at any row count. A prompt chunk or a large batc
 by multiplies, which VNNI does twice as many of an instruction in int8 as in bf16; a decode
 step of a few rows is bound by the weight's bytes, which the packed layout streams
 contiguously (on the Zen 4 EPYC 35-41 GB/s at 1-4 rows, as the weight-only kernel's 31-35).
-The sums are exact int32, so a row's result depends on that row alone: w8a8 is
-batch-invariant as it stands.
+The sums are exact int32, so a row's result depends on that row alone: these matmuls are
+batch-invariant as they stand (``--batch-invariant`` still governs attention and routers).
 
 The packed blocks are the only copy of the weight: the plain [N, K] int8 rows a tied
 embedding looks up (``rows``) and a reference dequantises are read back out of them.

@@ -174,15 +174,14 @@ def test_a_w8a8_checkpoint_stays_within_a_few_times_bf16_of_its_reference(
 def test_greedy_through_the_scheduler_is_the_same_alone_and_batched(
     checkpoints: dict[str, Path],
 ) -> None:
-    """w8a8 needs no --batch-invariant for it: on the MoE checkpoint (each expert's row
-    count moves with the batch) each request's tokens are those it gets alone."""
+    """--batch-invariant with w8a8, on the MoE checkpoint (each expert's row count moves
+    with the batch): each request's tokens are those it gets alone."""
     checkpoint = checkpoints["qwen3_moe"]
     prompts = {"a": [0, *range(500, 503)], "b": [0, *range(900, 920)], "c": [0, 77, 78]}
 
     def run(rids: list[str]) -> dict[str, list[int]]:
-        scheduler = make_scheduler(
-            checkpoint, kv_tokens=512, dtype=torch.bfloat16, load={"quantization": "w8a8"}
-        )
+        load: dict[str, str | bool] = {"quantization": "w8a8", "batch_invariant": True}
+        scheduler = make_scheduler(checkpoint, kv_tokens=512, dtype=torch.bfloat16, load=load)
         reqs = [make_req(r, prompts[r], temperature=0.0, max_new_tokens=5) for r in rids]
         return run_to_completion(scheduler, {0: reqs})
 
