@@ -23,17 +23,15 @@ from services.scheduler.model_executor.models.int8_weight import (
     Int8Weight,
 )
 from services.scheduler.model_executor.models.linear import Linear
-from services.scheduler.model_executor.models.loader import load_model, load_native
+from services.scheduler.model_executor.models.loader import load_model
 from services.scheduler.model_executor.models.quantization import (
     QuantizedEmbedding,
-    dequantize_model,
     int8_weights,
-    quantize_model,
     use_int8_kernel,
 )
-from tests.checkpoints import build_hf_model, save_checkpoint
 from tests.scheduler.conftest import needs_compiler
 from tests.scheduler.factories import make_req, make_scheduler, run_to_completion
+from tests.scheduler.model_executor.models.quantized_reference import dequantized_reference
 from tests.scheduler.parity import all_logits
 
 # Unit roundoffs: the kernel rounds rows and its output to bf16 and sums in float32.
@@ -217,13 +215,13 @@ def many_bf16_rows(rows: int, outputs: int, width: int) -> tuple[Int8Weight, tor
 
 @needs_compiler
 def test_quantized_weights_take_the_own_kernel_once_it_is_loaded_and_switch_back(
-    kernel_model_dir: Path, checkpoints: dict[str, Path]
+    kernel_model_dir: Path, qwen3_checkpoints: dict[str, Path]
 ) -> None:
     """Every int8 weight of a loaded model (projections, experts, the tied head) takes the
     compiled kernel when the library is loaded, and ``use_int8_kernel`` switches them to
     torch's and back. In float32 the compiled kernel's decode rows are closer to the
     dequantised reference than torch's kernel's, which rounds every row to bf16."""
-    checkpoint = checkpoints["qwen3_moe"]
+    checkpoint = qwen3_checkpoints["qwen3_moe"]
     model, _ = load_model(checkpoint, torch.float32, "cpu", quantization="int8")
     weights = int8_weights(model)
     assert weights and all(weight.kernel for weight in weights)
@@ -238,36 +236,14 @@ def test_quantized_weights_take_the_own_kernel_once_it_is_loaded_and_switch_back
     assert use_int8_kernel(model, True) == len(weights)
 
 
-@pytest.fixture(scope="module")
-def checkpoints(
-    tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path
-) -> dict[str, Path]:
-    """Tiny random checkpoints: fused q/k/v and gate/up, q/k norms, a tied head; experts
-    beside a dense layer in the MoE one."""
-    return {
-        name: save_checkpoint(
-            build_hf_model(name), tmp_path_factory.mktemp(name), default_model_dir
-        )
-        for name in ("qwen3", "qwen3_moe")
-    }
-
-
-def dequantized_reference(checkpoint: Path, dtype: torch.dtype) -> NativeCausalLM:
-    """The checkpoint's int8 weights dequantised into a dense model, run in ``dtype``."""
-    model, _ = load_native(checkpoint, torch.float32, torch.device("cpu"))
-    quantize_model(model)
-    dequantize_model(model)
-    return model.to(dtype).eval()
-
-
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
 def test_a_quantized_checkpoint_stays_closer_to_its_reference_than_bf16_does(
-    checkpoints: dict[str, Path], name: str
+    qwen3_checkpoints: dict[str, Path], name: str
 ) -> None:
     """The int8 model's logits differ from its dequantised float32 reference (the same
     weights, dense) by less than serving that reference in bf16 moves them: the kernels'
     rounding is a bf16 row and a bf16 output per matmul, bf16 serving rounds far more."""
-    checkpoint = checkpoints[name]
+    checkpoint = qwen3_checkpoints[name]
     model, config = load_model(checkpoint, torch.float32, "cpu", quantization="int8")
     assert isinstance(model, NativeCausalLM) and config.tie_word_embeddings
     assert isinstance(model.model.embed_tokens, QuantizedEmbedding)  # tied: one int8 table
@@ -281,11 +257,11 @@ def test_a_quantized_checkpoint_stays_closer_to_its_reference_than_bf16_does(
 
 
 def test_greedy_through_the_scheduler_is_the_same_alone_and_batched(
-    checkpoints: dict[str, Path],
+    qwen3_checkpoints: dict[str, Path],
 ) -> None:
     """--batch-invariant with int8, on the MoE checkpoint (each expert's row count moves
     with the batch): each request's tokens are those it gets alone."""
-    checkpoint = checkpoints["qwen3_moe"]
+    checkpoint = qwen3_checkpoints["qwen3_moe"]
     load: dict[str, str | bool] = {"quantization": "int8", "batch_invariant": True}
     prompts = {"a": [0, *range(500, 503)], "b": [0, *range(900, 920)], "c": [0, 77, 78]}
 

@@ -14,21 +14,19 @@ import torch
 
 from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
 from services.scheduler.model_executor.models.int8_weight import Int8Weight
-from services.scheduler.model_executor.models.loader import load_model, load_native
+from services.scheduler.model_executor.models.loader import load_model
 from services.scheduler.model_executor.models.quantization import (
     QuantizationError,
     QuantizedEmbedding,
     check_quantization,
-    dequantize_model,
     int8_weights,
-    quantize_model,
 )
 from services.scheduler.model_executor.models.w8a8_weight import W8A8Weight
 from services.scheduler.ops.cpu_kernels import find_compiler
 from services.scheduler.ops.isa_levels import level_named
-from tests.checkpoints import build_hf_model, save_checkpoint
 from tests.scheduler.conftest import NO_COMPILER
 from tests.scheduler.factories import make_req, make_scheduler, run_to_completion
+from tests.scheduler.model_executor.models.quantized_reference import dequantized_reference
 from tests.scheduler.parity import all_logits
 
 BF16_U = torch.finfo(torch.bfloat16).eps / 2
@@ -121,32 +119,10 @@ def test_a_row_is_the_same_bits_alone_and_in_any_batch() -> None:
     assert torch.equal(weight.matmul(x[3:11]), batch[3:11])
 
 
-@pytest.fixture(scope="module")
-def checkpoints(
-    tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path
-) -> dict[str, Path]:
-    """Tiny random checkpoints: fused q/k/v and gate/up, q/k norms, a tied head; experts
-    beside a dense layer in the MoE one."""
-    return {
-        name: save_checkpoint(
-            build_hf_model(name), tmp_path_factory.mktemp(name), default_model_dir
-        )
-        for name in ("qwen3", "qwen3_moe")
-    }
-
-
-def dequantized_reference(checkpoint: Path, dtype: torch.dtype) -> NativeCausalLM:
-    """The checkpoint's int8 weights dequantised into a dense model, run in ``dtype``."""
-    model, _ = load_native(checkpoint, torch.float32, torch.device("cpu"))
-    quantize_model(model)
-    dequantize_model(model)
-    return model.to(dtype).eval()
-
-
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
 @pytest.mark.usefixtures("w8a8_kernels")
 def test_a_w8a8_checkpoint_stays_within_a_few_times_bf16_of_its_reference(
-    checkpoints: dict[str, Path], name: str
+    qwen3_checkpoints: dict[str, Path], name: str
 ) -> None:
     """A w8a8 model in bf16 (the dtype it serves in) against the same int8 weights dense in
     float32: an activation quantized to 8 bits per row has a step of max |row| / 127,
@@ -154,7 +130,7 @@ def test_a_w8a8_checkpoint_stays_within_a_few_times_bf16_of_its_reference(
     serving the reference in bf16 moves them (2-3x on these checkpoints; a wrong scale or
     row moves them by the logits' own size). Every int8 weight is packed, the experts' and
     the tied head's included, and the embedding reads the head's table."""
-    checkpoint = checkpoints[name]
+    checkpoint = qwen3_checkpoints[name]
     model, _ = load_model(checkpoint, torch.bfloat16, "cpu", quantization="w8a8")
     assert isinstance(model, NativeCausalLM)
     weights = int8_weights(model)
@@ -172,11 +148,11 @@ def test_a_w8a8_checkpoint_stays_within_a_few_times_bf16_of_its_reference(
 
 @pytest.mark.usefixtures("w8a8_kernels")
 def test_greedy_through_the_scheduler_is_the_same_alone_and_batched(
-    checkpoints: dict[str, Path],
+    qwen3_checkpoints: dict[str, Path],
 ) -> None:
     """--batch-invariant with w8a8, on the MoE checkpoint (each expert's row count moves
     with the batch): each request's tokens are those it gets alone."""
-    checkpoint = checkpoints["qwen3_moe"]
+    checkpoint = qwen3_checkpoints["qwen3_moe"]
     prompts = {"a": [0, *range(500, 503)], "b": [0, *range(900, 920)], "c": [0, 77, 78]}
 
     def run(rids: list[str]) -> dict[str, list[int]]:
