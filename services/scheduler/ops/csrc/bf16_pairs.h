@@ -19,6 +19,8 @@ constexpr int64_t kBlock = 64;  // output channels a block holds: [K / 2][64][2]
 #include <algorithm>
 #include <cstring>
 
+#include "row_count.h"
+
 namespace tokenline {
 
 // The two bf16 at `p` in every 32-bit lane: one row's operand pair against a vector of pairs.
@@ -72,14 +74,7 @@ inline void dot_block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* bl
 template <bool Prefetch>
 inline void dot_rows(int64_t rows, const at::BFloat16* x, int64_t ldx, const at::BFloat16* block,
                      int64_t K2, float* out) {
-  switch (rows) {
-    case 6: return dot_block<6, Prefetch>(x, ldx, block, K2, out);
-    case 5: return dot_block<5, Prefetch>(x, ldx, block, K2, out);
-    case 4: return dot_block<4, Prefetch>(x, ldx, block, K2, out);
-    case 3: return dot_block<3, Prefetch>(x, ldx, block, K2, out);
-    case 2: return dot_block<2, Prefetch>(x, ldx, block, K2, out);
-    default: return dot_block<1, Prefetch>(x, ldx, block, K2, out);
-  }
+  with_row_count(rows, [&](auto mr) { dot_block<mr(), Prefetch>(x, ldx, block, K2, out); });
 }
 
 // The first `channels` of each of `rows` float32 rows (stride kBlock) into out (stride ldo),

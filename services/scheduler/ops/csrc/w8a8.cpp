@@ -29,6 +29,7 @@
 #include <memory>
 #include <vector>
 
+#include "row_count.h"
 #include "transpose16.h"
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -151,14 +152,8 @@ inline void dot_block(const int8_t* xq, int64_t K, const uint8_t* block, int64_t
 template <bool Prefetch>
 inline void dot_rows(int64_t rows, const int8_t* xq, int64_t K, const uint8_t* block,
                      int64_t quads, int32_t* out) {
-  switch (rows) {
-    case 6: return dot_block<6, Prefetch>(xq, K, block, quads, out);
-    case 5: return dot_block<5, Prefetch>(xq, K, block, quads, out);
-    case 4: return dot_block<4, Prefetch>(xq, K, block, quads, out);
-    case 3: return dot_block<3, Prefetch>(xq, K, block, quads, out);
-    case 2: return dot_block<2, Prefetch>(xq, K, block, quads, out);
-    default: return dot_block<1, Prefetch>(xq, K, block, quads, out);
-  }
+  tokenline::with_row_count(
+      rows, [&](auto mr) { dot_block<mr(), Prefetch>(xq, K, block, quads, out); });
 }
 
 // out[r, c] = (sums[r, c] - 128 * rowsum[r]) * sx[r] * sw[c] for the block's first
