@@ -55,8 +55,8 @@ inline __m512 load_bf16(const at::BFloat16* p) {
 }
 
 // Row m of x quantised: xq[m, :] int8 and sx[m], with rowsum[m] = sum_k xq[m, k]. Sixteen
-// values at a time (a scalar loop takes a tail);
-// cvtps rounds to nearest even, as std::nearbyint does in the default mode.
+// values at a time, a scalar loop for the tail; cvtps rounds to nearest even, as
+// std::nearbyint does in the default rounding mode.
 void quantize_rows(const at::BFloat16* x, int64_t M, int64_t K, int8_t* xq, float* sx,
                    int32_t* rowsum) {
   const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
