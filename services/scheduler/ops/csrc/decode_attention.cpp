@@ -217,19 +217,20 @@ void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tens
         for (int64_t s = first + 16; s < std::min(len, first + 32); ++s) {
           prefetch_row(ops.key(b, kv, s), row_bytes);
         }
+        // The block's key rows, looked up once for the whole head group; past the last
+        // key, a row of zeros, so every query runs sixteen independent chains.
+        const T* keys[16];
+        for (int64_t j = 0; j < 16; ++j) keys[j] = j < count ? ops.key(b, kv, first + j) : zeros.data();
         for (int64_t g = 0; g < group; ++g) {
           const T* query = ops.query(b, kv, g);
           __m512 products[16];
-          for (int64_t j = 0; j < 16; ++j) {
-            __m512 sum = _mm512_setzero_ps();
-            if (j < count) {
-              const T* key = ops.key(b, kv, first + j);
-              for (int64_t c = 0; c < vecs; ++c) {
-                sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_loadu_si512(key + 32 * c),
-                                       (__m512bh)_mm512_loadu_si512(query + 32 * c));
-              }
+          for (int64_t j = 0; j < 16; ++j) products[j] = _mm512_setzero_ps();
+          for (int64_t c = 0; c < vecs; ++c) {
+            const __m512bh q_part = (__m512bh)_mm512_loadu_si512(query + 32 * c);
+            for (int64_t j = 0; j < 16; ++j) {
+              products[j] = _mm512_dpbf16_ps(
+                  products[j], (__m512bh)_mm512_loadu_si512(keys[j] + 32 * c), q_part);
             }
-            products[j] = sum;
           }
           const __m512 tile = _mm512_mul_ps(lane_sums16(products), _mm512_set1_ps(scale_f));
           _mm512_mask_storeu_ps(scores.data() + g * len + first, first_lanes(count), tile);
@@ -238,9 +239,12 @@ void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tens
       // Softmax weights per query, rounded to bf16; their sum, of the rounded weights.
       for (int64_t g = 0; g < group; ++g) {
         float* row = scores.data() + g * len;
-        float max_score = -std::numeric_limits<float>::infinity();
-        for (int64_t s = 0; s < len; ++s) max_score = std::max(max_score, row[s]);
-        const __m512 shift = _mm512_set1_ps(max_score);
+        __m512 maxima = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        for (int64_t s = 0; s < len; s += 16) {
+          maxima = _mm512_mask_max_ps(maxima, first_lanes(len - s), maxima,
+                                      _mm512_maskz_loadu_ps(first_lanes(len - s), row + s));
+        }
+        const __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(maxima));
         __m512 sums = _mm512_setzero_ps();
         uint16_t* dst = weights.data() + g * padded;
         for (int64_t s = 0; s < len; s += 16) {
@@ -255,7 +259,12 @@ void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tens
         totals[g] = _mm512_reduce_add_ps(sums);
       }
       // The weighted sum of values, two keys a step: their rows interleaved into pairs.
-      std::fill(acc.begin(), acc.end(), _mm512_setzero_ps());
+      // Through a local pointer: a store through __m512* may alias anything, so the
+      // vector's own data pointer would be read again after every accumulator update.
+      __m512* const accs = acc.data();
+      const uint16_t* const rounded_weights = weights.data();
+      const int64_t pair_vecs = 2 * vecs;  // a local: the lambda's captures are references
+      std::fill(accs, accs + acc.size(), _mm512_setzero_ps());
       for (int64_t s = 0; s < len; s += 2) {
         for (int64_t ahead = s + 8; ahead < std::min(len, s + 10); ++ahead) {
           prefetch_row(ops.value(b, kv, ahead), row_bytes);
@@ -270,9 +279,9 @@ void run_bf16_pairs(const at::Tensor& q, const at::Tensor& k_buf, const at::Tens
           pairs[2 * c + 1] = _mm512_unpackhi_epi16(x, y);
         }
         for (int64_t g = 0; g < group; ++g) {
-          const __m512bh w = tokenline::broadcast_pair(weights.data() + g * padded + s);
-          __m512* sums = acc.data() + g * 2 * vecs;
-          for (int64_t c = 0; c < 2 * vecs; ++c) {
+          const __m512bh w = tokenline::broadcast_pair(rounded_weights + g * padded + s);
+          __m512* sums = accs + g * pair_vecs;
+          for (int64_t c = 0; c < pair_vecs; ++c) {
             sums[c] = _mm512_dpbf16_ps(sums[c], (__m512bh)pairs[c], w);
           }
         }
