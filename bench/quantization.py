@@ -45,7 +45,8 @@ from services.scheduler.model_executor.forward_batch import ForwardBatch
 from services.scheduler.model_executor.model_runner import ForwardPlan, ModelRunner
 from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
 from services.scheduler.model_executor.models.dtype import DTYPES
-from services.scheduler.model_executor.models.int8_weight import K_MULTIPLE, Int8Weight
+from services.scheduler.model_executor.models.int8.int8_weight import K_MULTIPLE, Int8Weight
+from services.scheduler.model_executor.models.int8.w8a8_weight import W8A8Weight, w8a8_available
 from services.scheduler.model_executor.models.linear import prepare_linears
 from services.scheduler.model_executor.models.loader import checkpoint_files, load_native
 from services.scheduler.model_executor.models.quantization import (
@@ -54,7 +55,6 @@ from services.scheduler.model_executor.models.quantization import (
     quantize_model,
     use_int8_kernel,
 )
-from services.scheduler.model_executor.models.w8a8_weight import W8A8Weight, w8a8_available
 from services.scheduler.ops.cpu_kernels import SampleKernel
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -3,8 +3,8 @@ temperature only), decode attention (``csrc/decode_attention.cpp``, used by
 ``model_executor/attention/torch_backend.py``) and a layer's row-wise element work, RMSNorm
 and SiLU-and-multiply (``csrc/fused_rows.cpp``, used by ``model_executor/models/
 layers.py``), the int8 weight-only matmul of few rows (``csrc/int8_rows.cpp``, used by
-``model_executor/models/int8_weight.py``), the w8a8 int8 x int8 matmul (``csrc/w8a8.cpp``,
-used by ``model_executor/models/w8a8_weight.py``), the bf16 decode copy's matmul
+``model_executor/models/int8/int8_weight.py``), the w8a8 int8 x int8 matmul (``csrc/w8a8.cpp``,
+used by ``model_executor/models/int8/w8a8_weight.py``), the bf16 decode copy's matmul
 (``csrc/bf16_blocks.cpp``, used by ``model_executor/models/linear.py``) and bf16 prompt
 attention where there is no AMX (``csrc/prompt_attention.cpp``, used by the attention
 backend), compiled into one library.

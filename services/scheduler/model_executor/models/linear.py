@@ -60,8 +60,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.common.memory import usable_memory_bytes
-from services.scheduler.model_executor.models.int8_weight import Int8Weight
-from services.scheduler.model_executor.models.w8a8_weight import QuantizedWeight
+from services.scheduler.model_executor.models.int8.int8_weight import Int8Weight
+from services.scheduler.model_executor.models.int8.w8a8_weight import QuantizedWeight
 from services.scheduler.ops.cpu_kernels import is_registered
 from services.scheduler.ops.isa_levels import has_amx
 

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from services.scheduler.model_executor.models.config import ModelConfig, MoeConfig
-from services.scheduler.model_executor.models.int8_weight import Int8Weight
+from services.scheduler.model_executor.models.int8.int8_weight import Int8Weight
+from services.scheduler.model_executor.models.int8.w8a8_weight import QuantizedWeight
 from services.scheduler.model_executor.models.layers import ACTIVATIONS, MLP, gated
 from services.scheduler.model_executor.models.linear import (
     DecodeCopy,
@@ -29,7 +30,6 @@ from services.scheduler.model_executor.models.linear import (
     RowShaped,
     can_copy_for_decode,
 )
-from services.scheduler.model_executor.models.w8a8_weight import QuantizedWeight
 
 
 class Experts(nn.Module, RowShaped):

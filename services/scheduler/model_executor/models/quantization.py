@@ -23,18 +23,18 @@ import torch
 from torch import nn
 
 from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
-from services.scheduler.model_executor.models.int8_weight import (
+from services.scheduler.model_executor.models.int8.int8_weight import (
     ROWS_KERNEL,
     Int8Weight,
     can_quantize,
 )
-from services.scheduler.model_executor.models.linear import Linear
-from services.scheduler.model_executor.models.moe import Experts, SparseMoeBlock
-from services.scheduler.model_executor.models.w8a8_weight import (
+from services.scheduler.model_executor.models.int8.w8a8_weight import (
     QuantizedWeight,
     W8A8Weight,
     w8a8_available,
 )
+from services.scheduler.model_executor.models.linear import Linear
+from services.scheduler.model_executor.models.moe import Experts, SparseMoeBlock
 from services.scheduler.ops.cpu_kernels import is_registered
 from services.scheduler.ops.isa_levels import machine_level
 

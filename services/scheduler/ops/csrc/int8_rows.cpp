@@ -1,7 +1,7 @@
 // Weight-only int8 matmul on CPU: out[m, n] = scale[n] * sum_k x[m, k] * q[n, k], with q int8
 // [N, K] in its plain row-major layout and one float32 scale per output channel. Built per
 // machine with the other kernels by services/scheduler/ops/cpu_kernels.py; used by
-// model_executor/models/int8_weight.py for decode-sized batches (the float loop below) and
+// model_executor/models/int8/int8_weight.py for decode-sized batches (the float loop below) and
 // for bf16 batches of more rows: on oneDNN's tile kernels where they run (AMX, the tile path
 // further down), else by AVX512-BF16 pair dot products where the build has them (the pair
 // path after it).

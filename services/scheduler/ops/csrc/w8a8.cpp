@@ -1,7 +1,7 @@
 // --quantization w8a8 on CPU: out[m, n] = sx[m] * sw[n] * sum_k xq[m, k] * q[n, k], where q
 // is a weight's int8 [N, K] (one float32 scale sw per output channel, as int8_weight.py
 // quantizes it) and xq the rows of x quantised here, per row: sx[m] = max |x[m, :]| / 127,
-// xq = round(x / sx). Used by model_executor/models/w8a8_weight.py.
+// xq = round(x / sx). Used by model_executor/models/int8/w8a8_weight.py.
 //
 // Why: a prompt chunk or a large batch is bound by multiplies, not by the weight's bytes,
 // and AVX512-VNNI's vpdpbusd does 64 int8 multiply-adds an instruction against vdpbf16ps's

@@ -15,7 +15,7 @@ import torch
 
 from services.scheduler.__main__ import parse_args, resolve_or_exit
 from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
-from services.scheduler.model_executor.models.int8_weight import (
+from services.scheduler.model_executor.models.int8.int8_weight import (
     KERNEL_MAX_ROWS,
     OWN_KERNEL_MAX_ROWS,
     TILES_ANY_ROWS_FROM,

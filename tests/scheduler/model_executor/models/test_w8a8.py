@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
-from services.scheduler.model_executor.models.int8_weight import Int8Weight
+from services.scheduler.model_executor.models.int8.int8_weight import Int8Weight
+from services.scheduler.model_executor.models.int8.w8a8_weight import W8A8Weight
 from services.scheduler.model_executor.models.loader import load_model
 from services.scheduler.model_executor.models.quantization import (
     QuantizationError,
@@ -21,7 +22,6 @@ from services.scheduler.model_executor.models.quantization import (
     check_quantization,
     int8_weights,
 )
-from services.scheduler.model_executor.models.w8a8_weight import W8A8Weight
 from services.scheduler.ops.cpu_kernels import find_compiler
 from services.scheduler.ops.isa_levels import level_named
 from tests.scheduler.conftest import NO_COMPILER

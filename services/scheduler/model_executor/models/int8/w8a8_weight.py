@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from services.scheduler.model_executor.models.int8_weight import Int8Weight
+from services.scheduler.model_executor.models.int8.int8_weight import Int8Weight
 from services.scheduler.ops.cpu_kernels import is_registered
 
 BLOCK = 64  # output channels a packed block holds
