@@ -29,10 +29,13 @@
 #include <memory>
 #include <vector>
 
+#include "bf16_pairs.h"
+#include "float_vec.h"
 #include "row_count.h"
 #include "transpose16.h"
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// The avx512_bf16 kernel level, which has VNNI too: its mask helpers are bf16_pairs.h's.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #define TOKENLINE_W8A8 1
 #endif
@@ -48,12 +51,6 @@ constexpr float kInt8Max = 127.0f;
 // into L2, as the bf16 decode copy's loop does; later row groups find it in cache.
 constexpr int64_t kPrefetchQuads = 32;
 
-// Sixteen bf16 at p as float32 lanes (a bf16 is a float32's upper half).
-inline __m512 load_bf16(const at::BFloat16* p) {
-  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
-
 // Row m of x quantised: xq[m, :] int8 and sx[m], with rowsum[m] = sum_k xq[m, k]. Sixteen
 // values at a time, a scalar loop for the tail; cvtps rounds to nearest even, as
 // std::nearbyint does in the default rounding mode.
@@ -65,7 +62,7 @@ void quantize_rows(const at::BFloat16* x, int64_t M, int64_t K, int8_t* xq, floa
       const at::BFloat16* row = x + m * K;
       __m512 amax = _mm512_setzero_ps();
       int64_t k = 0;
-      for (; k + 16 <= K; k += 16) amax = _mm512_max_ps(amax, _mm512_and_ps(load_bf16(row + k), sign));
+      for (; k + 16 <= K; k += 16) amax = _mm512_max_ps(amax, _mm512_and_ps(__m512(tokenline::load_floats(row + k)), sign));
       float largest = _mm512_reduce_max_ps(amax);
       for (; k < K; ++k) largest = std::max(largest, std::fabs(static_cast<float>(row[k])));
       const float scale = largest > 0.0f ? largest / kInt8Max : 1.0f;
@@ -73,7 +70,7 @@ void quantize_rows(const at::BFloat16* x, int64_t M, int64_t K, int8_t* xq, floa
       const __m512i low = _mm512_set1_epi32(-127), high = _mm512_set1_epi32(127);
       __m512i sum = _mm512_setzero_si512();
       for (k = 0; k + 16 <= K; k += 16) {
-        __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(load_bf16(row + k), inverse));
+        __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(__m512(tokenline::load_floats(row + k)), inverse));
         q = _mm512_min_epi32(_mm512_max_epi32(q, low), high);
         sum = _mm512_add_epi32(sum, q);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + m * K + k), _mm512_cvtepi32_epi8(q));
@@ -164,8 +161,7 @@ inline void store_rows(const int32_t* sums, int64_t rows, int64_t channels, cons
     const __m512i offset = _mm512_set1_epi32(128 * rowsum[r]);
     const __m512 row_scale = _mm512_set1_ps(sx[r]);
     for (int64_t c = 0; c < channels; c += 16) {
-      const int64_t left = channels - c;
-      const __mmask16 keep = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+      const __mmask16 keep = tokenline::first_lanes(channels - c);
       const __m512i exact = _mm512_sub_epi32(_mm512_loadu_si512(sums + r * kBlock + c), offset);
       __m512 values = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), row_scale);
       values = _mm512_mul_ps(values, _mm512_maskz_loadu_ps(keep, sw + c));
