@@ -104,9 +104,9 @@ def create_parser() -> argparse.ArgumentParser:
         default=env_default("TOKENLINE_QUANTIZATION", "none"),
         help="int8: every linear projection's weight and the LM head held as int8, one "
         "scale per output channel (native models on CPU; faster decode, less memory, "
-        "slightly different logits); w8a8: the same weights, and the activations of "
-        "prompt chunks and larger batches quantized to int8 per row (AVX512-VNNI CPUs; "
-        "faster prefill, more error): docs/quantization.md",
+        "slightly different logits); w8a8: the same weights, and every matmul's "
+        "activations quantized to int8 per row (AVX512-VNNI CPUs; faster prefill and "
+        "batches too, more error): docs/quantization.md",
     )
     p.add_argument(
         "--decode-copy",

@@ -40,7 +40,7 @@ from services.scheduler.ops.isa_levels import machine_level
 
 Quantization = Literal["none", "int8", "w8a8"]
 QUANTIZATIONS: tuple[Quantization, ...] = ("none", "int8", "w8a8")
-DYNAMIC_LEVEL = "avx512_bf16"  # the kernel build with AVX512-VNNI (ops/isa_levels.py)
+W8A8_LEVEL = "avx512_bf16"  # the kernel build with AVX512-VNNI (ops/isa_levels.py)
 
 
 class QuantizationError(ValueError):
@@ -65,10 +65,11 @@ def check_quantization(quantization: str, device: torch.device, model_path: str)
             f"--quantization {quantization} needs a native model (--model-impl native): "
             "the transformers path runs transformers' own linear layers"
         )
-    if quantization == "w8a8" and machine_level().name != DYNAMIC_LEVEL:
+    level = machine_level().name
+    if quantization == "w8a8" and level != W8A8_LEVEL:
         raise QuantizationError(
             f"--quantization w8a8 needs AVX512-VNNI and AVX512-BF16 (kernel level "
-            f"{DYNAMIC_LEVEL}); this CPU runs {machine_level().name}: use int8"
+            f"{W8A8_LEVEL}); this CPU runs {level}: use int8"
         )
 
 
@@ -157,7 +158,7 @@ def quantize_activations(model: NativeCausalLM) -> int:
     if not w8a8_available():
         raise QuantizationError(
             "--quantization w8a8 needs the engine's compiled kernels at level "
-            f"{DYNAMIC_LEVEL}, which are not loaded"
+            f"{W8A8_LEVEL}, which are not loaded"
         )
     count = 0
     for module in model.modules():
