@@ -227,6 +227,7 @@ def matmul_errors(files: list[Path], prefix: str = "") -> dict[str, float]:
     built, the w8a8 path (rows quantized too); median and max."""
     gen = torch.Generator().manual_seed(0)
     rounding, path, w8a8 = [], [], []
+    with_w8a8 = w8a8_available()
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
@@ -240,7 +241,7 @@ def matmul_errors(files: list[Path], prefix: str = "") -> dict[str, float]:
                 exact = x @ weight.T
                 rounding.append(relative_error(x @ table.dequantize().T, exact))
                 path.append(relative_error(table.matmul(x), exact))
-                if w8a8_available():
+                if with_w8a8:
                     w8a8.append(relative_error(W8A8Weight.pack(table).matmul(x), exact))
     report = {
         "weights": len(rounding),
