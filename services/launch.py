@@ -39,7 +39,9 @@ from services.common.rpc.server import READINESS_SERVICE
 from services.common.tls import TlsSettings, add_tls_flags, open_sync_channel, pop_tls_settings
 from services.launch_flags import add_service_flags, check, route
 
-# Readiness probes retry a refused connection within 0.2 s instead of backing off.
+# Readiness probes retry a refused connection within 0.2 s instead of backing off, and
+# ask again every 50 ms: a stack is used the moment it is ready.
+_PROBE_INTERVAL_S = 0.05
 _PROBE_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -272,7 +274,7 @@ class LocalStack:
                         return
                 except grpc.RpcError:
                     pass
-                time.sleep(0.2)
+                time.sleep(_PROBE_INTERVAL_S)
         raise TimeoutError(f"{name} not ready in time")
 
     def _wait_http_ready(self, deadline: float) -> None:
@@ -285,7 +287,7 @@ class LocalStack:
                         return
             except OSError:
                 pass
-            time.sleep(0.2)
+            time.sleep(_PROBE_INTERVAL_S)
         raise TimeoutError("gateway not ready in time")
 
     def stop(self, timeout: float = 15.0, only: Sequence[str] | None = None) -> None:

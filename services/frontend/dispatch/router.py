@@ -33,6 +33,9 @@ DOWN_BACKOFF_S = 2.0
 BEAT_TIMEOUT_S = 2.0
 # How often this frontend renews each lease (a scheduler ends one unrenewed for 2 s).
 RENEW_INTERVAL_S = 0.25
+# Between attempts to open a lease: a scheduler refuses one until its model is loaded, and
+# is then serving within this long of being ready (a refused Attach costs it nothing).
+ATTACH_RETRY_MAX_S = 0.25
 
 
 class SchedulerRouter:
@@ -147,7 +150,9 @@ class SchedulerRouter:
         """Keep a lease on ``addr`` for as long as the router runs."""
         backoff = 0.05
         while True:
-            call = self._calls[addr] = self._stubs[addr].Attach(self._renewals())
+            # wait_for_ready: a scheduler not listening yet is waited for, not polled.
+            call = self._stubs[addr].Attach(self._renewals(), wait_for_ready=True)
+            self._calls[addr] = call
             why = "lease ended"
             try:
                 beats = call.__aiter__()
@@ -165,7 +170,7 @@ class SchedulerRouter:
                 call.cancel()
             self._lease_lost(addr, why)
             await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
+            backoff = min(backoff * 2, ATTACH_RETRY_MAX_S)
 
     async def _renewals(self) -> AsyncIterator[scheduler_pb2.AttachRequest]:
         """Open the lease, then renew it: the scheduler ends a lease it stops hearing."""

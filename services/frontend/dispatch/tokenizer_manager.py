@@ -134,8 +134,11 @@ class TokenizerManager:
         backoff = 0.05
         while True:
             try:
+                # wait_for_ready: a detokenizer not listening yet (still starting, or
+                # restarting) is waited for, and subscribed to the moment it is up.
                 call = stub.Subscribe(
-                    detokenizer_pb2.SubscribeRequest(frontend_id=self.frontend_id)
+                    detokenizer_pb2.SubscribeRequest(frontend_id=self.frontend_id),
+                    wait_for_ready=True,
                 )
                 await call.wait_for_connection()
                 self.subscribed.set()

@@ -83,6 +83,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.architecture = architecture  # what GetInfo reports: the checkpoint's class
         self.model_impl = model_impl  # and the path that serves it: native or transformers
         self.engine: EngineClient | None = None
+        self._serving = asyncio.Event()  # set by attach(): the model is loaded
         self.context_length = 0
         self.dtype = ""
         self.leases = Leases()
@@ -93,6 +94,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.engine = engine
         self.context_length = context_length
         self.dtype = dtype
+        self._serving.set()
 
     @grpc_errors
     async def AddRequest(self, request, context):  # noqa: N802 - gRPC method name
@@ -190,6 +192,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         lands in this frame, so the ``finally`` runs at once. Renewals, not keepalive
         pings, catch a frozen or partitioned frontend: the beats written to it keep the
         connection looking busy, which defers gRPC's pings."""
+        # A frontend that attaches while the model loads gets its first beat the moment
+        # the engine is up, rather than a refusal to retry after.
+        await self._serving.wait()
         engine = self._live_engine()
         first = await context.read()
         owner = "" if first is grpc.aio.EOF else first.frontend_id

@@ -208,3 +208,34 @@ async def test_a_batch_answers_each_request_as_its_own_call_would(stub: tuple) -
     # The accepted two run to the end; the refused ones never reached the engine.
     await wait_for_finishes(rows, {"first", "second"})
     assert {r.rid for r in rows} == {"first", "second"}
+
+
+async def test_a_lease_opened_while_the_model_loads_beats_once_the_engine_is_up(
+    default_model_dir: Path,
+) -> None:
+    """A frontend that attaches early is held, not refused, and gets its first beat when
+    the engine attaches; a request before then is still refused as the model loads."""
+    servicer = SchedulerServicer("tokenline-tiny")
+    server = grpc.aio.server()
+    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    engine = EngineThread(make_scheduler(default_model_dir), lambda rows: None)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        client = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        call = client.Attach()
+        await call.write(scheduler_pb2.AttachRequest(frontend_id="fe-early"))
+        first_beat = asyncio.ensure_future(call.read())
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await client.AddRequest(request("early", 1, owner="fe-early"))
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "loading the model" in refused.value.details()
+        assert not first_beat.done()
+        engine.start()
+        servicer.attach(engine, 4096, "float32")
+        beat = await asyncio.wait_for(first_beat, timeout=30)
+        assert isinstance(beat, scheduler_pb2.SchedulerBeat)
+        assert servicer.leases.holds("fe-early")
+        call.cancel()
+    await server.stop(0)
+    engine.stop()
