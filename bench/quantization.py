@@ -50,8 +50,9 @@ from services.scheduler.model_executor.models.int8.w8a8_weight import W8A8Weight
 from services.scheduler.model_executor.models.linear import prepare_linears
 from services.scheduler.model_executor.models.loader import checkpoint_files, load_native
 from services.scheduler.model_executor.models.quantization import (
+    apply_quantization,
     dequantize_model,
-    quantize_activations,
+    int8_takes_vnni_kernel,
     quantize_model,
     use_int8_kernel,
 )
@@ -70,14 +71,21 @@ PROMPTS = (
 # bf16 as before the decode copy was kept by default: oneDNN's packed weights alone. Timed
 # beside "float"; no quality row (its logits are the reference's but for summation order).
 NO_DECODE_COPY = "float, no decode copy"
+# int8 without the w8a8 kernel's two-part rows: what "int8" ran before they were added
+WEIGHT_ONLY_KERNELS = "int8, weight-only kernels"
 # name -> how a freshly loaded float model becomes the variant
 VARIANTS: dict[str, Callable[[NativeCausalLM], object]] = {
     "float": lambda model: None,
     NO_DECODE_COPY: lambda model: None,
-    "int8": quantize_model,
-    "int8, LM head exact": functools.partial(quantize_model, lm_head=False),
+    # --quantization int8 as served: on the w8a8 kernel with two-part rows where that runs.
+    "int8": functools.partial(apply_quantization, quantization="int8"),
+    # int8 on the weight-only kernels alone (the pair path where AVX512-BF16 runs, no AMX).
+    WEIGHT_ONLY_KERNELS: quantize_model,
+    "int8, LM head exact": functools.partial(
+        apply_quantization, quantization="int8", lm_head=False
+    ),
     # --quantization w8a8: the same int8 weights packed, every matmul's activations int8.
-    "w8a8": lambda model: (quantize_model(model), quantize_activations(model)),
+    "w8a8": functools.partial(apply_quantization, quantization="w8a8"),
     "int8, torch's kernel": lambda model: (quantize_model(model), use_int8_kernel(model, False)),
     "float, int8 weights dequantised": lambda model: (
         quantize_model(model),
@@ -201,6 +209,8 @@ def quality(args: argparse.Namespace, prompts: list[list[int]]) -> dict[str, Any
         others = [v for v in others if not v.startswith("bfloat16")]
     if not (args.own_kernel and w8a8_available()):
         others.remove("w8a8")  # no int8 x int8 kernel in this build
+    if not int8_takes_vnni_kernel(args.dtype):
+        others.remove(WEIGHT_ONLY_KERNELS)  # "int8" runs those kernels itself
     for variant in others:
         stepper = Stepper(load_variant(args.model, args.dtype, variant), num_tokens)
         rows, _ = stepper.decode(prompts, args.new_tokens, forced(ref_tokens))
@@ -224,9 +234,10 @@ def matmul_errors(files: list[Path], prefix: str = "") -> dict[str, float]:
     ``prefix`` and whose K the kernel takes: the relative
     error of the product with Gaussian rows, from rounding the weight alone (dequantised,
     float32), through the whole int8 path (bf16 rows, the kernel) and, where its kernel is
-    built, the w8a8 path (rows quantized too); median and max."""
+    built, the w8a8 path (rows quantized too) and the int8 two-part path (rows in bf16,
+    then as two int8 parts: what int8 serves bf16 models with there); median and max."""
     gen = torch.Generator().manual_seed(0)
-    rounding, path, w8a8 = [], [], []
+    rounding, path, w8a8, two_part = [], [], [], []
     with_w8a8 = w8a8_available()
     for file in files:
         with safe_open(str(file), framework="pt") as f:
@@ -243,6 +254,7 @@ def matmul_errors(files: list[Path], prefix: str = "") -> dict[str, float]:
                 path.append(relative_error(table.matmul(x), exact))
                 if with_w8a8:
                     w8a8.append(relative_error(W8A8Weight.pack(table).matmul(x), exact))
+                    two_part.append(relative_error(W8A8Weight.pack(table, 2).matmul(x), exact))
     report = {
         "weights": len(rounding),
         "rounding_median": statistics.median(rounding),
@@ -252,6 +264,10 @@ def matmul_errors(files: list[Path], prefix: str = "") -> dict[str, float]:
     }
     if w8a8:
         report |= {"w8a8_path_median": statistics.median(w8a8), "w8a8_path_max": max(w8a8)}
+        report |= {
+            "two_part_path_median": statistics.median(two_part),
+            "two_part_path_max": max(two_part),
+        }
     return report
 
 
@@ -283,7 +299,7 @@ def trained_activation_errors() -> dict[str, float]:
     for hook in hooks:
         hook.remove()
     modules = dict(model.named_modules())
-    int8, w8a8, outliers = [], [], []
+    int8, w8a8, two_part, outliers = [], [], [], []
     for name, rows in inputs.items():
         x = torch.cat(rows)
         weight = modules[name].weight.detach()
@@ -291,6 +307,7 @@ def trained_activation_errors() -> dict[str, float]:
         table = Int8Weight.quantize(weight)
         int8.append(relative_error(table.matmul(x), exact))
         w8a8.append(relative_error(W8A8Weight.pack(table).matmul(x), exact))
+        two_part.append(relative_error(W8A8Weight.pack(table, 2).matmul(x), exact))
         outliers.append(float((x.abs().amax(-1) / x.pow(2).mean(-1).sqrt()).median()))
     return {
         "layers": len(int8),
@@ -298,6 +315,8 @@ def trained_activation_errors() -> dict[str, float]:
         "int8_path_max": max(int8),
         "w8a8_path_median": statistics.median(w8a8),
         "w8a8_path_max": max(w8a8),
+        "two_part_path_median": statistics.median(two_part),
+        "two_part_path_max": max(two_part),
         "outlier_ratio_median": statistics.median(outliers),
         "outlier_ratio_max": max(outliers),
     }
@@ -332,6 +351,8 @@ def speed(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     variants = ["float", NO_DECODE_COPY, "int8", "int8, LM head exact"]
     if args.own_kernel:
         variants.append("int8, torch's kernel")
+        if int8_takes_vnni_kernel(args.dtype):
+            variants.append(WEIGHT_ONLY_KERNELS)
         if w8a8_available():
             variants.append("w8a8")
     for variant in variants:
@@ -350,6 +371,11 @@ def speed(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         print(
             f"{name:14s} {ratios}  float/int8 {ms['float'] / ms['int8']:.2f} (without the "
             f"decode copy {ms[NO_DECODE_COPY] / ms['int8']:.2f})"
+            + (
+                f"  float/{WEIGHT_ONLY_KERNELS} {ms['float'] / ms[WEIGHT_ONLY_KERNELS]:.2f}"
+                if WEIGHT_ONLY_KERNELS in ms
+                else ""
+            )
             + (f"  float/w8a8 {ms['float'] / ms['w8a8']:.2f}" if "w8a8" in ms else ""),
             flush=True,
         )
@@ -390,7 +416,8 @@ def main(argv: list[str] | None = None) -> None:
                 f" max {row['int8_path_max']:.4f}"
                 + (
                     f"; w8a8 path median {row['w8a8_path_median']:.4f}"
-                    f" max {row['w8a8_path_max']:.4f}"
+                    f" max {row['w8a8_path_max']:.4f}; int8 two-part path median "
+                    f"{row['two_part_path_median']:.4f} max {row['two_part_path_max']:.4f}"
                     if "w8a8_path_median" in row
                     else ""
                 )
@@ -404,7 +431,9 @@ def main(argv: list[str] | None = None) -> None:
                 f"on all-MiniLM-L6-v2's own activations ({row['layers']} linears): int8 path "
                 f"median {row['int8_path_median']:.4f} max {row['int8_path_max']:.4f}; w8a8 "
                 f"path median {row['w8a8_path_median']:.4f} max {row['w8a8_path_max']:.4f}; "
-                f"max |x| / rms(x) per row median {row['outlier_ratio_median']:.1f} "
+                f"int8 two-part path median {row['two_part_path_median']:.4f} max "
+                f"{row['two_part_path_max']:.4f}; max |x| / rms(x) per row median "
+                f"{row['outlier_ratio_median']:.1f} "
                 f"(largest layer {row['outlier_ratio_max']:.1f})",
                 flush=True,
             )

@@ -28,9 +28,8 @@ from services.scheduler.model_executor.models.dtype import choose_dtype
 from services.scheduler.model_executor.models.linear import prepare_linears
 from services.scheduler.model_executor.models.model_impl import resolve_model_impl
 from services.scheduler.model_executor.models.quantization import (
+    apply_quantization,
     check_quantization,
-    quantize_activations,
-    quantize_model,
 )
 from services.scheduler.model_executor.models.registry import NATIVE_MODELS, check_native_support
 
@@ -105,11 +104,9 @@ def load_model(
         model_dir, dtype, device, attention_backend, batch_invariant, decode_kernel
     )
     chosen = model.model.norm.weight.dtype
-    if quantization in ("int8", "w8a8"):
-        logger.info("model %s: %s", model_dir.name, quantize_model(model, batch_invariant))
-    if quantization == "w8a8":
-        count = quantize_activations(model)
-        logger.info("model %s: w8a8, activations int8 in %d matmuls", model_dir.name, count)
+    if quantization != "none":
+        for line in apply_quantization(model, quantization, batch_invariant):
+            logger.info("model %s: %s", model_dir.name, line)
     linears = prepare_linears(model, device, chosen, batch_invariant, decode_copy)
     logger.info(
         "model %s (%s): %s on %s, linear layers %s",

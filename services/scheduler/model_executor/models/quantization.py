@@ -27,6 +27,7 @@ from services.scheduler.model_executor.models.int8.int8_weight import (
     ROWS_KERNEL,
     Int8Weight,
     can_quantize,
+    pairs_available,
 )
 from services.scheduler.model_executor.models.int8.w8a8_weight import (
     QuantizedWeight,
@@ -71,6 +72,22 @@ def check_quantization(quantization: str, device: torch.device, model_path: str)
             f"--quantization w8a8 needs AVX512-VNNI and AVX512-BF16 (kernel level "
             f"{W8A8_LEVEL}); this CPU runs {level}: use int8"
         )
+
+
+def apply_quantization(
+    model: NativeCausalLM, quantization: str, batch_invariant: bool = False, lm_head: bool = True
+) -> list[str]:
+    """Quantize ``model`` in place as ``--quantization`` serves it: int8 weights
+    (``quantize_model``; ``lm_head`` as there), then packed for the w8a8 kernel where it
+    runs them (every w8a8 model; int8 where ``int8_takes_vnni_kernel``). Returns lines for
+    the start-up log."""
+    lines = [quantize_model(model, batch_invariant, lm_head)]
+    if quantization == "w8a8":
+        lines.append(f"w8a8, activations int8 in {quantize_activations(model)} matmuls")
+    elif int8_takes_vnni_kernel(model.model.norm.weight.dtype):
+        count = pack_int8_weights(model, activation_parts=2)
+        lines.append(f"int8 on the VNNI kernel in {count} matmuls, activations in two int8 parts")
+    return lines
 
 
 class QuantizedEmbedding(nn.Module):
@@ -160,13 +177,30 @@ def quantize_activations(model: NativeCausalLM) -> int:
             "--quantization w8a8 needs the engine's compiled kernels at level "
             f"{W8A8_LEVEL}, which are not loaded"
         )
+    return pack_int8_weights(model, activation_parts=1)
+
+
+def int8_takes_vnni_kernel(dtype: torch.dtype) -> bool:
+    """Whether ``--quantization int8`` runs on the w8a8 kernel with each row of activations
+    in two int8 parts (~15 bits: ``w8a8_weight.py``): for bf16 rows where the kernel is
+    built and no AMX runs (there oneDNN's tiles take int8 batches: ``int8_weight.py``). On
+    the Zen 4 EPYC it beat the pair path at every row count up to 64 (docs/quantization.md)."""
+    return dtype == torch.bfloat16 and w8a8_available() and pairs_available()
+
+
+def pack_int8_weights(model: NativeCausalLM, activation_parts: int) -> int:
+    """Pack a quantized ``model``'s int8 weights for the w8a8 kernel, its activations in
+    ``activation_parts`` int8 parts a row (1 for w8a8, 2 for int8), the tied embedding's
+    table with its head's; returns how many it packed."""
     count = 0
     for module in model.modules():
         if isinstance(module, Linear) and isinstance(module.quantized, Int8Weight):
-            module.quantized = W8A8Weight.pack(module.quantized)
+            module.quantized = W8A8Weight.pack(module.quantized, activation_parts)
             count += 1
         elif isinstance(module, Experts) and module.int8 is not None:
-            module.int8 = [(_packed(a), _packed(b)) for a, b in module.int8]
+            module.int8 = [
+                (_packed(a, activation_parts), _packed(b, activation_parts)) for a, b in module.int8
+            ]
             count += 2 * len(module.int8)
     embedding = model.model.embed_tokens
     if isinstance(embedding, QuantizedEmbedding) and model.lm_head.quantized is not None:
@@ -174,8 +208,10 @@ def quantize_activations(model: NativeCausalLM) -> int:
     return count
 
 
-def _packed(weight: QuantizedWeight) -> W8A8Weight:
-    return weight if isinstance(weight, W8A8Weight) else W8A8Weight.pack(weight)
+def _packed(weight: QuantizedWeight, activation_parts: int) -> W8A8Weight:
+    if isinstance(weight, W8A8Weight):
+        return weight
+    return W8A8Weight.pack(weight, activation_parts)
 
 
 def use_int8_kernel(model: nn.Module, enabled: bool = True) -> int:

@@ -1,7 +1,9 @@
 // --quantization w8a8 on CPU: out[m, n] = sx[m] * sw[n] * sum_k xq[m, k] * q[n, k], where q
 // is a weight's int8 [N, K] (one float32 scale sw per output channel, as int8_weight.py
 // quantizes it) and xq the rows of x quantised here, per row: sx[m] = max |x[m, :]| / 127,
-// xq = round(x / sx). Used by model_executor/models/int8/w8a8_weight.py.
+// xq = round(x / sx). Used by model_executor/models/int8/w8a8_weight.py. With parts = 2 each
+// row goes in as two int8 rows, itself and its residual, which keep ~15 bits of it: that is
+// --quantization int8 (weight-only) on this kernel, where no AMX runs.
 //
 // Why: a prompt chunk or a large batch is bound by multiplies, not by the weight's bytes,
 // and AVX512-VNNI's vpdpbusd does 64 int8 multiply-adds an instruction against vdpbf16ps's
@@ -47,6 +49,7 @@ constexpr int64_t kBlock = 64;       // output channels a block holds: four vect
 constexpr int64_t kMaxRows = 6;      // rows kept in registers together: 24 accumulators
 constexpr int64_t kQuadBytes = 256;  // one K quad of a block: 64 channels x 4 bytes
 constexpr float kInt8Max = 127.0f;
+constexpr float kResidualSteps = 254.0f;  // a residual's steps per step of its row's scale
 // Prefetch the packed block this many quads (8 KiB) ahead of the first row group's loads,
 // into L2, as the bf16 decode copy's loop does; later row groups find it in cache.
 constexpr int64_t kPrefetchQuads = 32;
@@ -54,6 +57,13 @@ constexpr int64_t kPrefetchQuads = 32;
 // Row m of x quantised: xq[m, :] int8 and sx[m], with rowsum[m] = sum_k xq[m, k]. Sixteen
 // values at a time, a scalar loop for the tail; cvtps rounds to nearest even, as
 // std::nearbyint does in the default rounding mode.
+//
+// Parts == 2 (int8 weight-only: rows keep ~15 bits) writes each row as two int8 rows,
+// 2m and 2m + 1: the first as above, the second its rounding residual x - sx * xq
+// (|residual| <= sx / 2) quantised with the scale sx / 254, so it fits -127..127. Their sums
+// add back to x within max |x| / 64,516 per value, 250x finer than bf16's own rounding of
+// that largest value; the matmul then costs twice the multiplies but streams the weight once.
+template <int Parts>
 void quantize_rows(const at::BFloat16* x, int64_t M, int64_t K, int8_t* xq, float* sx,
                    int32_t* rowsum) {
   const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
@@ -66,24 +76,47 @@ void quantize_rows(const at::BFloat16* x, int64_t M, int64_t K, int8_t* xq, floa
       float largest = _mm512_reduce_max_ps(amax);
       for (; k < K; ++k) largest = std::max(largest, std::fabs(static_cast<float>(row[k])));
       const float scale = largest > 0.0f ? largest / kInt8Max : 1.0f;
-      const __m512 inverse = _mm512_set1_ps(1.0f / scale);
+      const float fine = scale / kResidualSteps;  // Parts == 2: the residual's scale
+      int8_t* high_row = xq + m * Parts * K;
+      int8_t* low_row = high_row + K;  // Parts == 2 only
+      const __m512 inverse = _mm512_set1_ps(1.0f / scale), fine_inverse = _mm512_set1_ps(1.0f / fine);
+      const __m512 step = _mm512_set1_ps(scale);
       const __m512i low = _mm512_set1_epi32(-127), high = _mm512_set1_epi32(127);
-      __m512i sum = _mm512_setzero_si512();
+      __m512i sum = _mm512_setzero_si512(), residual_sum = _mm512_setzero_si512();
       for (k = 0; k + 16 <= K; k += 16) {
-        __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(__m512(tokenline::load_floats(row + k)), inverse));
+        const __m512 v = __m512(tokenline::load_floats(row + k));
+        __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, inverse));
         q = _mm512_min_epi32(_mm512_max_epi32(q, low), high);
         sum = _mm512_add_epi32(sum, q);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + m * K + k), _mm512_cvtepi32_epi8(q));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(high_row + k), _mm512_cvtepi32_epi8(q));
+        if constexpr (Parts == 2) {
+          const __m512 residual = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(q), step, v);
+          __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(residual, fine_inverse));
+          r = _mm512_min_epi32(_mm512_max_epi32(r, low), high);
+          residual_sum = _mm512_add_epi32(residual_sum, r);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(low_row + k), _mm512_cvtepi32_epi8(r));
+        }
       }
-      int32_t total = _mm512_reduce_add_epi32(sum);
+      int32_t total = _mm512_reduce_add_epi32(sum), residual_total = _mm512_reduce_add_epi32(residual_sum);
       for (; k < K; ++k) {
-        const float v = std::nearbyint(static_cast<float>(row[k]) * (1.0f / scale));
+        const float value = static_cast<float>(row[k]);
+        const float v = std::nearbyint(value * (1.0f / scale));
         const int8_t q = static_cast<int8_t>(std::clamp(v, -kInt8Max, kInt8Max));
-        xq[m * K + k] = q;
+        high_row[k] = q;
         total += q;
+        if constexpr (Parts == 2) {
+          const float r = std::nearbyint((value - static_cast<float>(q) * scale) * (1.0f / fine));
+          const int8_t qr = static_cast<int8_t>(std::clamp(r, -kInt8Max, kInt8Max));
+          low_row[k] = qr;
+          residual_total += qr;
+        }
       }
-      sx[m] = scale;
-      rowsum[m] = total;
+      sx[m * Parts] = scale;
+      rowsum[m * Parts] = total;
+      if constexpr (Parts == 2) {
+        sx[m * Parts + 1] = fine;
+        rowsum[m * Parts + 1] = residual_total;
+      }
     }
   });
 }
@@ -153,20 +186,27 @@ inline void dot_rows(int64_t rows, const int8_t* xq, int64_t K, const uint8_t* b
       rows, [&](auto mr) { dot_block<mr(), Prefetch>(xq, K, block, quads, out); });
 }
 
-// out[r, c] = (sums[r, c] - 128 * rowsum[r]) * sx[r] * sw[c] for the block's first
-// `channels` channels, rounded to bf16 sixteen at a time.
+// Sixteen channels of quantised row r's product: (sums[r, c] - 128 * rowsum[r]) * sx[r].
+inline __m512 row_part(const int32_t* sums, int64_t r, int64_t c, const int32_t* rowsum,
+                       const float* sx) {
+  const __m512i offset = _mm512_set1_epi32(128 * rowsum[r]);
+  const __m512i exact = _mm512_sub_epi32(_mm512_loadu_si512(sums + r * kBlock + c), offset);
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_set1_ps(sx[r]));
+}
+
+// out[r / Parts, c] = the sum of its Parts quantised rows' products times sw[c], for the
+// block's first `channels` channels, rounded to bf16 sixteen at a time.
+template <int Parts>
 inline void store_rows(const int32_t* sums, int64_t rows, int64_t channels, const int32_t* rowsum,
                        const float* sx, const float* sw, at::BFloat16* out, int64_t ldo) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const __m512i offset = _mm512_set1_epi32(128 * rowsum[r]);
-    const __m512 row_scale = _mm512_set1_ps(sx[r]);
+  for (int64_t r = 0; r < rows; r += Parts) {
     for (int64_t c = 0; c < channels; c += 16) {
       const __mmask16 keep = tokenline::first_lanes(channels - c);
-      const __m512i exact = _mm512_sub_epi32(_mm512_loadu_si512(sums + r * kBlock + c), offset);
-      __m512 values = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), row_scale);
+      __m512 values = row_part(sums, r, c, rowsum, sx);
+      if constexpr (Parts == 2) values = _mm512_add_ps(values, row_part(sums, r + 1, c, rowsum, sx));
       values = _mm512_mul_ps(values, _mm512_maskz_loadu_ps(keep, sw + c));
       const __m256i half = (__m256i)_mm512_cvtneps_pbh(values);
-      _mm256_mask_storeu_epi16(out + r * ldo + c, keep, half);
+      _mm256_mask_storeu_epi16(out + r / Parts * ldo + c, keep, half);
     }
   }
 }
@@ -188,15 +228,19 @@ at::Tensor pack(const at::Tensor& qweight) {
   return out;
 }
 
+// x's rows quantised as Parts int8 rows each (quantize_rows), times the packed weight. The
+// row groups hold kMaxRows quantised rows, an even count, so a row's parts share a group.
+template <int Parts>
 at::Tensor packed_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales) {
-  const int64_t M = x.size(0), K = x.size(1), N = scales.numel();
+  static_assert(kMaxRows % Parts == 0, "a row's parts must share a row group");
+  const int64_t rows_in = x.size(0), K = x.size(1), N = scales.numel(), M = rows_in * Parts;
   const at::Tensor rows = x.contiguous();
   const at::Tensor channel_scales = scales.contiguous();
   const std::unique_ptr<int8_t[]> xq(new int8_t[M * K]);
   const std::unique_ptr<float[]> sx(new float[M]);
   const std::unique_ptr<int32_t[]> rowsum(new int32_t[M]);
-  quantize_rows(rows.data_ptr<at::BFloat16>(), M, K, xq.get(), sx.get(), rowsum.get());
-  at::Tensor out = at::empty({M, N}, x.options());
+  quantize_rows<Parts>(rows.data_ptr<at::BFloat16>(), rows_in, K, xq.get(), sx.get(), rowsum.get());
+  at::Tensor out = at::empty({rows_in, N}, x.options());
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
   const uint8_t* blocks = packed.data_ptr<uint8_t>();
   const float* sw = channel_scales.data_ptr<float>();
@@ -215,8 +259,8 @@ at::Tensor packed_mm(const at::Tensor& x, const at::Tensor& packed, const at::Te
         } else {
           dot_rows<false>(count, xq.get() + first * K, K, block, quads, sums);
         }
-        store_rows(sums, count, channels, rowsum.get() + first, sx.get() + first, sw + n,
-                   op + first * N + n, N);
+        store_rows<Parts>(sums, count, channels, rowsum.get() + first, sx.get() + first, sw + n,
+                          op + first / Parts * N + n, N);
       }
     }
   });
@@ -245,8 +289,12 @@ at::Tensor w8a8_pack(const at::Tensor& qweight) {
 #endif
 }
 
-at::Tensor w8a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales) {
+// `parts` 1: each row of x quantised to int8 (--quantization w8a8); 2: as two int8 rows,
+// ~15 bits (int8 weight-only on this kernel).
+at::Tensor w8a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
+                   int64_t parts) {
   TORCH_CHECK(w8a8_built(), "w8a8_mm: this build has no AVX512-VNNI");
+  TORCH_CHECK(parts == 1 || parts == 2, "w8a8_mm: parts must be 1 or 2");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "w8a8_mm: x must be bf16 [M, K]");
   TORCH_CHECK(scales.dim() == 1 && scales.scalar_type() == at::kFloat,
               "w8a8_mm: scales must be float32 [N]");
@@ -256,7 +304,7 @@ at::Tensor w8a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
                   packed.size(2) == 64 && packed.size(3) == 4,
               "w8a8_mm: packed must be w8a8_pack's [ceil(N / 64), K / 4, 64, 4] for x's K");
 #if defined(TOKENLINE_W8A8)
-  return packed_mm(x, packed, scales);
+  return parts == 1 ? packed_mm<1>(x, packed, scales) : packed_mm<2>(x, packed, scales);
 #else
   return at::Tensor();
 #endif
@@ -266,7 +314,7 @@ at::Tensor w8a8_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
 
 TORCH_LIBRARY_FRAGMENT(tokenline, m) {
   m.def("w8a8_pack(Tensor qweight) -> Tensor");
-  m.def("w8a8_mm(Tensor x, Tensor packed, Tensor scales) -> Tensor");
+  m.def("w8a8_mm(Tensor x, Tensor packed, Tensor scales, int parts=1) -> Tensor");
   m.def("w8a8_built() -> bool", &w8a8_built);
 }
 

@@ -1,6 +1,8 @@
 """``--quantization w8a8``: the engine's int8 x int8 kernel is the exact integer product of
-rows quantized per row, a row's bits the same alone as in any batch; the packed weight is
-the only copy and gives its int8 rows back; a w8a8 checkpoint (fused projections, experts,
+rows quantized per row, a row's bits the same alone as in any batch; with two-part rows
+(int8 weight-only on this kernel) it is the weight-only product within bf16 rounding, and
+an int8 model on it as accurate as on the weight-only kernels; the packed weight is the
+only copy and gives its int8 rows back; a w8a8 checkpoint (fused projections, experts,
 tied head) stays within a few times bf16 serving's distance of its dequantised reference,
 and keeps each request's tokens its own through the scheduler; the flag is refused in one
 line below the kernel level that has AVX512-VNNI."""
@@ -15,12 +17,15 @@ import torch
 from services.scheduler.model_executor.models.causal_lm import NativeCausalLM
 from services.scheduler.model_executor.models.int8.int8_weight import Int8Weight
 from services.scheduler.model_executor.models.int8.w8a8_weight import W8A8Weight
-from services.scheduler.model_executor.models.loader import load_model
+from services.scheduler.model_executor.models.linear import prepare_linears
+from services.scheduler.model_executor.models.loader import load_model, load_native
 from services.scheduler.model_executor.models.quantization import (
     QuantizationError,
     QuantizedEmbedding,
     check_quantization,
+    int8_takes_vnni_kernel,
     int8_weights,
+    quantize_model,
 )
 from services.scheduler.ops.cpu_kernels import find_compiler
 from services.scheduler.ops.isa_levels import level_named
@@ -106,11 +111,44 @@ def test_the_packed_weight_gives_back_its_int8_rows_and_each_expert_of_a_stack()
     assert torch.equal(expert.dequantize(), int8.select(2).dequantize())
 
 
+@pytest.mark.parametrize(
+    ("rows", "outputs", "width"),
+    [(1, 64, 64), (3, 70, 36), (7, 130, 896), (20, 200, 4864)],
+    ids=["1x64x64", "3x70x36", "7x130x896", "20x200x4864"],
+)
 @pytest.mark.usefixtures("w8a8_kernels")
-def test_a_row_is_the_same_bits_alone_and_in_any_batch() -> None:
+def test_two_part_rows_give_the_weight_only_product_within_bf16_rounding(
+    rows: int, outputs: int, width: int
+) -> None:
+    """``activation_parts`` 2 (int8 weight-only on this kernel): each row goes in as
+    itself quantized and its residual quantized 254 times finer, so a value is off by at
+    most max |row| / 64,516 before the exact sums. The result is bf16 rows times the int8
+    weight up to that, the float32 scaling and the bf16 output; one-part rows (w8a8) are
+    off by up to 127 times as much and fail the same bound. A large outlier sets the
+    row's scale, as in trained models."""
+    weight = packed_weight(outputs, width, seed=rows * width + outputs)
+    two_part = W8A8Weight(weight.packed, weight.scales, activation_parts=2)
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, width, generator=gen).to(torch.bfloat16)
+    x[0, width // 2] = 60.0
+    want = x.double() @ weight.dequantize(torch.float64).T
+    per_value = x.double().abs().amax(dim=-1, keepdim=True) / 64_516
+    residual = per_value * weight.dequantize(torch.float64).abs().sum(dim=-1)
+    allowed = (BF16_U + 4 * FP32_U) * want.abs() + residual
+    got = two_part.matmul(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, outputs)
+    assert ((got.double() - want).abs() <= allowed).all()
+    assert not ((weight.matmul(x).double() - want).abs() <= allowed).all()
+
+
+@pytest.mark.parametrize("parts", [1, 2], ids=["one-part", "two-part"])
+@pytest.mark.usefixtures("w8a8_kernels")
+def test_a_row_is_the_same_bits_alone_and_in_any_batch(parts: int) -> None:
     """Each row's scale and exact sums depend on it alone, whatever the batch's size or
-    the rows beside it (row groups of 6, the first of which prefetches)."""
-    weight = packed_weight(130, 96, seed=5)
+    the rows beside it (row groups of 6 quantized rows, the first of which prefetches; a
+    two-part row's parts share a group)."""
+    packed = packed_weight(130, 96, seed=5)
+    weight = W8A8Weight(packed.packed, packed.scales, activation_parts=parts)
     gen = torch.Generator().manual_seed(6)
     x = torch.randn(17, 96, generator=gen).to(torch.bfloat16)
     batch = weight.matmul(x)
@@ -144,6 +182,41 @@ def test_a_w8a8_checkpoint_stays_within_a_few_times_bf16_of_its_reference(
     in_bf16 = all_logits(dequantized_reference(checkpoint, torch.bfloat16), ids, decode=4)
     bf16_error = (in_bf16.float() - want).abs().mean(dim=-1)
     assert (w8a8_error < 6 * bf16_error).all(), (w8a8_error, bf16_error)
+
+
+@pytest.mark.usefixtures("w8a8_kernels")
+def test_int8_in_bf16_runs_on_this_kernel_with_two_part_rows_as_close_as_weight_only(
+    qwen3_checkpoints: dict[str, Path],
+) -> None:
+    """Where AVX512-BF16 runs without AMX, ``--quantization int8`` packs a bf16 model's
+    int8 weights for this kernel with two-part rows (the tied head's table shared with the
+    embedding), and its logits stay as close to the dequantised float32 reference as the
+    same int8 weights on the weight-only kernels (the pair path) do: within 5 % on the mean
+    |logit error| (w8a8 is 25-45 % further here). A float32 model keeps the weight-only
+    kernels."""
+    if not int8_takes_vnni_kernel(torch.bfloat16):
+        pytest.skip("AMX runs int8 batches on oneDNN's tiles here (int8_weight.py)")
+    checkpoint = qwen3_checkpoints["qwen3_moe"]
+    model, _ = load_model(checkpoint, torch.bfloat16, "cpu", quantization="int8")
+    assert isinstance(model, NativeCausalLM)
+    weights = int8_weights(model)
+    assert weights and all(isinstance(w, W8A8Weight) and w.activation_parts == 2 for w in weights)
+    embedding = model.model.embed_tokens
+    assert isinstance(embedding, QuantizedEmbedding)
+    assert embedding.table is model.lm_head.quantized
+    weight_only, _ = load_native(checkpoint, torch.bfloat16, torch.device("cpu"))
+    quantize_model(weight_only)
+    prepare_linears(weight_only, torch.device("cpu"), torch.bfloat16)
+    assert all(isinstance(w, Int8Weight) for w in int8_weights(weight_only))
+    ids = [0, *range(1000, 1024)]  # 21 prefill rows, then 4 decode steps
+    want = all_logits(dequantized_reference(checkpoint, torch.float32), ids, decode=4)
+
+    def error(served: NativeCausalLM) -> float:
+        return float((all_logits(served, ids, decode=4).float() - want).abs().mean())
+
+    assert error(model) < 1.05 * error(weight_only.eval())
+    in_float32, _ = load_model(checkpoint, torch.float32, "cpu", quantization="int8")
+    assert all(isinstance(w, Int8Weight) for w in int8_weights(in_float32))
 
 
 @pytest.mark.usefixtures("w8a8_kernels")

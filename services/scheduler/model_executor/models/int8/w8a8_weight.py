@@ -34,29 +34,40 @@ def w8a8_available() -> bool:
 
 class W8A8Weight:
     """``packed`` uint8 [..., ceil(N / 64), K / 4, 64, 4] (``w8a8_pack``'s blocks) and
-    ``scales`` float32 [..., N]: the weight is the int8 ``plain()`` times ``scales``."""
+    ``scales`` float32 [..., N]: the weight is the int8 ``plain()`` times ``scales``.
 
-    __slots__ = ("packed", "scales")
+    ``activation_parts`` 1 (``--quantization w8a8``): each row of activations is quantized
+    to int8. 2 (``--quantization int8`` where this kernel runs): each row goes in as two
+    int8 rows, itself and its rounding residual, which keep ~15 bits of it: finer than the
+    bf16 it arrives in, so the result is the weight-only int8 matmul's within bf16 rounding,
+    for twice the multiplies and the same weight bytes."""
 
-    def __init__(self, packed: torch.Tensor, scales: torch.Tensor) -> None:
+    __slots__ = ("activation_parts", "packed", "scales")
+
+    def __init__(
+        self, packed: torch.Tensor, scales: torch.Tensor, activation_parts: int = 1
+    ) -> None:
         self.packed = packed
         self.scales = scales
+        self.activation_parts = activation_parts
 
     @classmethod
-    def pack(cls, weight: Int8Weight) -> W8A8Weight:
+    def pack(cls, weight: Int8Weight, activation_parts: int = 1) -> W8A8Weight:
         """``weight``'s int8 values and scales, packed (a stack of them for experts)."""
         packed: torch.Tensor = torch.ops.tokenline.w8a8_pack(weight.qweight)
-        return cls(packed, weight.scales)
+        return cls(packed, weight.scales, activation_parts)
 
     def select(self, index: int) -> W8A8Weight:
         """Weight ``index`` of a stack (one expert's), sharing its storage."""
-        return W8A8Weight(self.packed[index], self.scales[index])
+        return W8A8Weight(self.packed[index], self.scales[index], self.activation_parts)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``x @ weight.T (+ bias)`` for rows ``x`` [M, K], each row quantized to int8, in
-        ``x``'s dtype (the rows go in as bf16: int8 keeps fewer bits than either float)."""
+        """``x @ weight.T (+ bias)`` for rows ``x`` [M, K], each row quantized to int8
+        (``activation_parts``), in ``x``'s dtype (the rows go in as bf16)."""
         rows = x.to(torch.bfloat16)
-        out: torch.Tensor = torch.ops.tokenline.w8a8_mm(rows, self.packed, self.scales)
+        out: torch.Tensor = torch.ops.tokenline.w8a8_mm(
+            rows, self.packed, self.scales, self.activation_parts
+        )
         out = out.to(x.dtype)
         return out if bias is None else out + bias
 
