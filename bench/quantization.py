@@ -52,7 +52,6 @@ from services.scheduler.model_executor.models.loader import checkpoint_files, lo
 from services.scheduler.model_executor.models.quantization import (
     apply_quantization,
     dequantize_model,
-    int8_takes_vnni_kernel,
     quantize_model,
     use_int8_kernel,
 )
@@ -71,16 +70,12 @@ PROMPTS = (
 # bf16 as before the decode copy was kept by default: oneDNN's packed weights alone. Timed
 # beside "float"; no quality row (its logits are the reference's but for summation order).
 NO_DECODE_COPY = "float, no decode copy"
-# int8 without the w8a8 kernel's two-part rows: what "int8" ran before they were added
-WEIGHT_ONLY_KERNELS = "int8, weight-only kernels"
 # name -> how a freshly loaded float model becomes the variant
 VARIANTS: dict[str, Callable[[NativeCausalLM], object]] = {
     "float": lambda model: None,
     NO_DECODE_COPY: lambda model: None,
     # --quantization int8 as served: on the w8a8 kernel with two-part rows where that runs.
     "int8": functools.partial(apply_quantization, quantization="int8"),
-    # int8 on the weight-only kernels alone (the pair path where AVX512-BF16 runs, no AMX).
-    WEIGHT_ONLY_KERNELS: quantize_model,
     "int8, LM head exact": functools.partial(
         apply_quantization, quantization="int8", lm_head=False
     ),
@@ -209,8 +204,6 @@ def quality(args: argparse.Namespace, prompts: list[list[int]]) -> dict[str, Any
         others = [v for v in others if not v.startswith("bfloat16")]
     if not (args.own_kernel and w8a8_available()):
         others.remove("w8a8")  # no int8 x int8 kernel in this build
-    if not int8_takes_vnni_kernel(args.dtype):
-        others.remove(WEIGHT_ONLY_KERNELS)  # "int8" runs those kernels itself
     for variant in others:
         stepper = Stepper(load_variant(args.model, args.dtype, variant), num_tokens)
         rows, _ = stepper.decode(prompts, args.new_tokens, forced(ref_tokens))
@@ -351,8 +344,6 @@ def speed(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     variants = ["float", NO_DECODE_COPY, "int8", "int8, LM head exact"]
     if args.own_kernel:
         variants.append("int8, torch's kernel")
-        if int8_takes_vnni_kernel(args.dtype):
-            variants.append(WEIGHT_ONLY_KERNELS)
         if w8a8_available():
             variants.append("w8a8")
     for variant in variants:
@@ -371,11 +362,6 @@ def speed(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         print(
             f"{name:14s} {ratios}  float/int8 {ms['float'] / ms['int8']:.2f} (without the "
             f"decode copy {ms[NO_DECODE_COPY] / ms['int8']:.2f})"
-            + (
-                f"  float/{WEIGHT_ONLY_KERNELS} {ms['float'] / ms[WEIGHT_ONLY_KERNELS]:.2f}"
-                if WEIGHT_ONLY_KERNELS in ms
-                else ""
-            )
             + (f"  float/w8a8 {ms['float'] / ms['w8a8']:.2f}" if "w8a8" in ms else ""),
             flush=True,
         )

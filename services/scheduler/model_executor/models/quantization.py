@@ -27,7 +27,7 @@ from services.scheduler.model_executor.models.int8.int8_weight import (
     ROWS_KERNEL,
     Int8Weight,
     can_quantize,
-    pairs_available,
+    tiles_available,
 )
 from services.scheduler.model_executor.models.int8.w8a8_weight import (
     QuantizedWeight,
@@ -184,8 +184,9 @@ def int8_takes_vnni_kernel(dtype: torch.dtype) -> bool:
     """Whether ``--quantization int8`` runs on the w8a8 kernel with each row of activations
     in two int8 parts (~15 bits: ``w8a8_weight.py``): for bf16 rows where the kernel is
     built and no AMX runs (there oneDNN's tiles take int8 batches: ``int8_weight.py``). On
-    the Zen 4 EPYC it beat the pair path at every row count up to 64 (docs/quantization.md)."""
-    return dtype == torch.bfloat16 and w8a8_available() and pairs_available()
+    the Zen 4 EPYC it beat the weight-only kernels it replaced at every row count up to 64
+    (docs/quantization.md)."""
+    return dtype == torch.bfloat16 and w8a8_available() and not tiles_available()
 
 
 def pack_int8_weights(model: NativeCausalLM, activation_parts: int) -> int:

@@ -2,9 +2,9 @@
 // [N, K] in its plain row-major layout and one float32 scale per output channel. Built per
 // machine with the other kernels by services/scheduler/ops/cpu_kernels.py; used by
 // model_executor/models/int8/int8_weight.py for decode-sized batches (the float loop below) and
-// for bf16 batches of more rows: on oneDNN's tile kernels where they run (AMX, the tile path
-// further down), else by AVX512-BF16 pair dot products where the build has them (the pair
-// path after it).
+// for bf16 batches of more rows on oneDNN's tile kernels where they run (AMX, the tile path
+// further down). Where AVX512-BF16 runs without AMX, bf16 models' int8 matmuls take the w8a8
+// kernel with two-part rows instead (w8a8.cpp), which replaced a pair path here.
 //
 // A decode step at a few rows waits on the weight bytes. torch's own kernel
 // (aten._weight_int8pack_mm) streamed the 0.5B shape's int8 weights at 9-14 GB/s at one row on
@@ -25,9 +25,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#include "bf16_pairs.h"
 #include "float_vec.h"
-#include "transpose16.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -270,90 +268,6 @@ at::Tensor int8_tiles_mm(const at::Tensor& x, const int8_t* qp, const float* sp,
 }
 #endif
 
-#if defined(__AVX512BF16__)
-// More rows, bf16, where AVX512-BF16 runs but oneDNN has no tile kernels (the Zen 4 EPYC):
-// each block of 64 output channels is widened to bf16 once per call, straight into the
-// decode copy's layout of VNNI pairs (bf16_pairs.h), in scratch that stays in L2, and the
-// rows are multiplied by it six at a time with the decode copy's loop (pair dot products,
-// vdpbf16ps: 32 multiplies an instruction against the float loop's 16, and no widening per
-// pass). On the Zen 4 EPYC, the 0.5B shape's projections at 8-1,024 rows took 0.34-0.85x
-// the time of dequantising for oneDNN, and 0.2-0.75x the float loop's two-row passes (the
-// LM head at 8 rows 1.1x). Against four-row passes the float loop wins at 8 rows (0.8x the
-// pair path's time), is level at 12 and loses from 16 (1.2-1.3x). A row's bits depend on
-// whether its batch took this path, so row-independent calls never do.
-constexpr int64_t kPairMinRows = 12;  // level there with the float loop's 4-row passes (Zen 4)
-constexpr int64_t kPairsPerChunk = 16;  // K pairs widened together: one 16 x 16 transpose
-
-// 32 int8 weights as 32 bf16 (exact), i.e. 16 lanes of K pairs.
-inline __m512i widen_to_pairs(const int8_t* p) {
-  const __m128i* lanes = reinterpret_cast<const __m128i*>(p);
-  const __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(lanes)));
-  const __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(lanes + 1)));
-  return (__m512i)_mm512_cvtne2ps_pbh(high, low);
-}
-
-// Channels [0, channels) of the int8 rows at q (row stride K, K even) widened into one block
-// of the pair layout, block[i][c][j] = q[c][2i + j]; channels past them are zero.
-void widen_block_to_pairs(const int8_t* q, int64_t K, int64_t channels, at::BFloat16* block) {
-  const int64_t K2 = K / 2, chunked = K2 - K2 % kPairsPerChunk;
-  int32_t* pairs = reinterpret_cast<int32_t*>(block);  // [K2][kBlock] pairs
-  for (int64_t group = 0; group < tokenline::kBlock; group += 16) {
-    for (int64_t i = 0; i < chunked; i += kPairsPerChunk) {
-      // The group's 16 rows are one contiguous run, of which each chunk reads 32 bytes a
-      // row: prefetch its lines (into L2) kPrefetchBytes ahead of that progress, on into the
-      // next block. Without, a 16-row decode step of the 0.5B shape took 103 ms, with 70-84.
-      const int8_t* ahead = q + group * K + 32 * i + kPrefetchBytes;
-      for (int64_t line = 0; line < 16 * 32; line += kLine) __builtin_prefetch(ahead + line, 0, 2);
-      __m512i v[16];
-      for (int64_t c = 0; c < 16; ++c) {
-        const int64_t channel = group + c;
-        v[c] = channel < channels ? widen_to_pairs(q + channel * K + 2 * i) : _mm512_setzero_si512();
-      }
-      tokenline::transpose_16x16(v);
-      for (int64_t p = 0; p < 16; ++p) _mm512_storeu_si512(pairs + (i + p) * tokenline::kBlock + group, v[p]);
-    }
-  }
-  for (int64_t i = chunked; i < K2; ++i) {  // the pairs past the last whole chunk
-    for (int64_t c = 0; c < tokenline::kBlock; ++c) {
-      for (int64_t j = 0; j < 2; ++j) {
-        const float value = c < channels ? static_cast<float>(q[c * K + 2 * i + j]) : 0.0f;
-        block[(i * tokenline::kBlock + c) * 2 + j] = value;
-      }
-    }
-  }
-}
-
-at::Tensor int8_pairs_mm(const at::Tensor& x, const int8_t* qp, const float* sp, int64_t N) {
-  using tokenline::kBlock;
-  const int64_t M = x.size(0), K = x.size(1);
-  const at::Tensor rows = x.contiguous();
-  const at::BFloat16* xp = rows.data_ptr<at::BFloat16>();
-  at::Tensor out = at::empty({M, N}, x.options());
-  at::BFloat16* op = out.data_ptr<at::BFloat16>();
-  const int64_t num_blocks = (N + kBlock - 1) / kBlock;
-  at::parallel_for(0, num_blocks, 1, [&](int64_t begin, int64_t end) {
-    const auto block = uninitialized<at::BFloat16>(kBlock * K);
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t n = b * kBlock, channels = std::min(kBlock, N - n);
-      widen_block_to_pairs(qp + n * K, K, channels, block.get());  // just written: in cache
-      tokenline::rows_times_block(xp, M, K, block.get(), channels, op + n, N, /*stream=*/false,
-                                  sp + n);
-    }
-  });
-  return out;
-}
-#endif
-
-// Whether int8_rows_mm multiplies many bf16 rows by pair dot products here (built for
-// AVX512-BF16, and the CPU has no tile kernels, which take those rows first).
-bool int8_pairs() {
-#if defined(__AVX512BF16__)
-  return !tiles_available();
-#else
-  return false;
-#endif
-}
-
 // Whether int8_rows_mm multiplies many bf16 rows on tiles here (built for AVX-512 and the
 // CPU has oneDNN's tile kernels): then it beats dequantising at any row count.
 bool int8_tiles() {
@@ -378,12 +292,6 @@ at::Tensor int8_rows_mm(const at::Tensor& x, const at::Tensor& qweight, const at
   if (M > kTileMinRows && x.scalar_type() == at::kBFloat16 && !row_independent && K % 2 == 0 &&
       tiles_available()) {
     return int8_tiles_mm(x, qweight.data_ptr<int8_t>(), scale.data_ptr<float>(), N);
-  }
-#endif
-#if defined(__AVX512BF16__)
-  if (M >= kPairMinRows && x.scalar_type() == at::kBFloat16 && !row_independent && K % 2 == 0 &&
-      int8_pairs()) {
-    return int8_pairs_mm(x, qweight.data_ptr<int8_t>(), scale.data_ptr<float>(), N);
   }
 #endif
   const at::Tensor rows = x.to(at::kFloat).contiguous();
@@ -411,7 +319,6 @@ at::Tensor int8_rows_mm(const at::Tensor& x, const at::Tensor& qweight, const at
 TORCH_LIBRARY_FRAGMENT(tokenline, m) {
   m.def("int8_rows_mm(Tensor x, Tensor qweight, Tensor scales, bool row_independent=False) -> Tensor");
   m.def("int8_tiles() -> bool", &int8_tiles);
-  m.def("int8_pairs() -> bool", &int8_pairs);
 }
 
 TORCH_LIBRARY_IMPL(tokenline, CPU, m) {

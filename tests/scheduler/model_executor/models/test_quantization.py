@@ -177,20 +177,17 @@ def test_many_bf16_rows_take_the_tiles_where_the_cpu_has_them(
 
 @needs_compiler
 @pytest.mark.parametrize(("rows", "outputs", "width"), MANY_ROW_SHAPES, ids=MANY_ROW_IDS)
-def test_many_bf16_rows_take_pair_dot_products_on_avx512_bf16_without_tiles(
+def test_without_tiles_the_float_loop_takes_up_to_16_rows_of_any_width(
     kernel_model_dir: Path, rows: int, outputs: int, width: int
 ) -> None:
-    """From 12 bf16 rows (9 take the float loop's passes), where the library has AVX512-BF16
-    and the CPU no tiles, the kernel widens each block of 64 output channels into bf16 pairs
-    once and multiplies every row by it: partial channel blocks, row groups of 6 with a
-    ragged last one, widths past the last
-    whole 16-pair chunk (34: the scalar tail) and odd ones (the float loop), within a
-    float32 sum of exact products of the exact result. bf16 batches take the kernel at every
-    row count there, float32 ones up to 16 as before."""
-    if not torch.ops.tokenline.int8_pairs():
-        pytest.skip("no AVX512-BF16 build, or oneDNN's tiles take these rows (AMX)")
+    """Where the CPU has no tiles, ``Int8Weight`` sends bf16 and float32 rows alike to the
+    kernel's float loop up to 16 rows and dequantises past them (a bf16 model's int8 runs
+    on the w8a8 kernel there instead: ``test_w8a8.py``). The loop itself takes any row
+    count and any width, odd ones included, within a float32 sum of exact products."""
+    if torch.ops.tokenline.int8_tiles():
+        pytest.skip("oneDNN's tiles take these rows here (AMX)")
     table, x = many_bf16_rows(rows, outputs, width)
-    assert table.kernel_max_rows(x) == sys.maxsize
+    assert table.kernel_max_rows(x) == OWN_KERNEL_MAX_ROWS
     assert table.kernel_max_rows(x.float()) == OWN_KERNEL_MAX_ROWS
     # An odd width takes the float loop: the kernel takes any K (``can_quantize`` asks more).
     gen = torch.Generator().manual_seed(width + 1)

@@ -13,11 +13,9 @@ beat dequantising the whole weight for the dense GEMM (``tiles_available``; at a
 for large weights, prefill included, up to ``TILES_MAX_ROWS`` for small ones). That path is
 not row-independent, so batch-invariant weights keep the row loop.
 
-Where AVX512-BF16 runs without AMX, bf16 batches of 12 rows or more take the pair path
-instead, prefill included: each block of 64 output channels is widened once into the bf16
-decode copy's layout of VNNI pairs and multiplied by its loop (``pairs_available``; not
-row-independent either). On the Zen 4 EPYC it took 0.34-0.85x the dense path's time on the
-0.5B shape's projections at 8-1,024 rows.
+Where AVX512-BF16 runs without AMX, a bf16 model's int8 weights are not held here at all:
+they are packed for the w8a8 kernel, which takes each row in two int8 parts
+(``quantization.int8_takes_vnni_kernel``, ``w8a8_weight.py``).
 
 Without the library, the multiply is torch's own weight-only int8 kernel,
 ``aten._weight_int8pack_mm(x, w_int8 [N, K], scales [N])`` (gpt-fast's), with three things
@@ -74,13 +72,6 @@ _DEQUANT_BLOCK = 1 << 20  # weight elements dequantised at a time (4 MiB of floa
 _QUANTIZE_ROWS = 4096  # rows quantised at a time: bounds the float32 scratch at load
 _ALIGN = 64  # bytes; the kernel's aligned loads need 32 (AVX512) of a row's start
 ROWS_KERNEL = "int8_rows_mm"  # torch.ops.tokenline's, from the compiled library
-
-
-@functools.cache
-def pairs_available() -> bool:
-    """Whether the engine's kernel multiplies many bf16 rows by AVX512-BF16 pair dot
-    products on a once-widened weight here (no AMX): asked once."""
-    return bool(torch.ops.tokenline.int8_pairs())
 
 
 @functools.cache
@@ -163,8 +154,6 @@ class Int8Weight:
             if self.qweight.numel() >= TILES_ANY_ROWS_FROM:
                 return sys.maxsize  # the tile path beats dequantising at every row count
             return TILES_MAX_ROWS
-        if x.dtype == torch.bfloat16 and pairs_available():
-            return sys.maxsize  # the pair path beats dequantising at every row count
         return OWN_KERNEL_MAX_ROWS
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
