@@ -11,8 +11,10 @@ table, the same numbers, and the dense copy is freed. An untied embedding is lef
 ``w8a8`` quantizes the same weights the same way, packs them for the engine's int8 x int8
 kernel and quantizes every matmul's activations too, one scale per row
 (``w8a8_weight.py``): prompt chunks and large batches wait on multiplies, which
-AVX512-VNNI does twice as many of an instruction in int8 as in bf16. docs/quantization.md
-has the measurements behind these choices.
+AVX512-VNNI does twice as many of an instruction in int8 as in bf16. Where that kernel runs
+and AMX does not, ``int8`` takes it too, each row of activations in two int8 parts that keep
+~15 bits (``int8_takes_vnni_kernel``): the weight-only product, without widening the weight
+to bf16. docs/quantization.md has the measurements behind these choices.
 """
 
 from __future__ import annotations

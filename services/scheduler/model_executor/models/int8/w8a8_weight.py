@@ -12,6 +12,9 @@ batch-invariant as they stand (``--batch-invariant`` still governs attention and
 
 The packed blocks are the only copy of the weight: the plain [N, K] int8 rows a tied
 embedding looks up (``rows``) and a reference dequantises are read back out of them.
+
+``--quantization int8`` runs here too where no AMX does (``activation_parts`` 2): each row
+goes in as two int8 rows that keep ~15 bits of it, so the result is the weight-only one.
 """
 
 from __future__ import annotations
