@@ -60,14 +60,16 @@ def within_bound(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> bo
 @pytest.mark.parametrize(
     ("rows", "outputs", "width"),
     [(1, 83, 100), (3, 130, 16), (4, 64, 4864), (5, 90, 256), (7, 7, 34), (13, 200, 896)]
-    + [(32, 150, 896)],
-    ids=["1x83x100", "3x130x16", "4x64x4864", "5x90x256", "7x7x34", "13x200x896", "32x150x896"],
+    + [(32, 150, 896), (20, 70, 1000), (50, 64, 200)],
+    ids=["1x83x100", "3x130x16", "4x64x4864", "5x90x256", "7x7x34", "13x200x896", "32x150x896"]
+    + ["20x70x1000", "50x64x200"],
 )
 def test_the_block_kernel_is_the_product_at_any_shape(
     block_kernel: None, rows: int, outputs: int, width: int
 ) -> None:
     """Output channels that fill no 64-channel block, rows past the six kept in registers
-    (more passes), K from 16 to 4,864."""
+    (more passes), K from 16 to 4,864: the first 24 rows go over K in 32-pair chunks (the
+    last one short at 500 and 100 pairs), rows past 24 over whole blocks."""
     gen = torch.Generator().manual_seed(rows * width)
     weight = torch.randn(outputs, width, generator=gen).to(torch.bfloat16)
     x = torch.randn(2 * rows, width, generator=gen).to(torch.bfloat16)[::2]  # not contiguous
