@@ -124,24 +124,22 @@ inline void rows_times_block(const at::BFloat16* x, int64_t M, int64_t K,
   const char* bytes = reinterpret_cast<const char*>(block);
   for (int64_t first = 0; first < M; first += kPanelRows) {
     const int64_t panel = std::min(kPanelRows, M - first);
-    const bool streaming = stream && first == 0;
     const int64_t groups = (panel + kMaxRows - 1) / kMaxRows;
-    const int64_t chunk = streaming && groups > 1 ? kChunkPairs : K2;
-    // Each group prefetches its share of the next chunk, so the requests spread over all of
-    // a chunk's dot products: `lines` per pair, the share's lines in a row.
-    const int64_t lines = chunk < K2 ? (4 + groups - 1) / groups : 4;
+    const bool streaming = stream && first == 0;
+    const bool chunked = streaming && groups > 1 && K2 > kChunkPairs;
+    const int64_t chunk = chunked ? kChunkPairs : K2;
+    // Chunked, each group prefetches its share of the next chunk, `lines` a pair, so the
+    // requests spread over all of a chunk's dot products; else the first group alone.
+    const int64_t lines = chunked ? (4 + groups - 1) / groups : 4;
     for (int64_t k0 = 0; k0 < K2; k0 += chunk) {
       const int64_t pairs = std::min(chunk, K2 - k0);
-      const char* next = chunk < K2 ? bytes + (k0 + chunk) * kPairBytes
-                                    : bytes + (k0 + kPrefetchPairs) * kPairBytes;
-      for (int64_t group = 0; group < panel; group += kMaxRows) {
+      const char* next = bytes + (k0 + (chunked ? chunk : kPrefetchPairs)) * kPairBytes;
+      for (int64_t group = 0; group < groups; ++group) {
         const char* fetch = nullptr;
-        if (streaming && (chunk < K2 || group == 0)) {
-          fetch = next + (group / kMaxRows) * pairs * lines * 64;
-        }
-        dot_rows(std::min(kMaxRows, panel - group), x + (first + group) * K + 2 * k0, K,
-                 block + k0 * kBlock * 2, pairs, products + group * kBlock, /*resume=*/k0 > 0,
-                 fetch, lines);
+        if (streaming && (chunked || group == 0)) fetch = next + group * pairs * lines * 64;
+        const int64_t row = first + group * kMaxRows;
+        dot_rows(std::min(kMaxRows, M - row), x + row * K + 2 * k0, K, block + k0 * kBlock * 2,
+                 pairs, products + group * kMaxRows * kBlock, /*resume=*/k0 > 0, fetch, lines);
       }
     }
     store_rows(products, panel, channels, out + first * ldo, ldo, scales);
