@@ -1,8 +1,8 @@
 // What the kernels that multiply bf16 pairs (vdpbf16ps) share: a pair of bf16 broadcast to
 // every lane, the mask of a vector's first lanes, and the block layout of 64 output
 // channels in VNNI pairs with the loop that multiplies rows by it (bf16_blocks.cpp packs
-// weights into it at load, int8_rows.cpp widens int8 ones into it per call). Only where the
-// build has AVX512-BF16 (the layout's width at every level: packing needs no instruction).
+// weights into it at load; the attention kernels and w8a8.cpp use the helpers). Only where
+// the build has AVX512-BF16 (the layout's width at every level: packing needs no instruction).
 #pragma once
 
 #include <cstdint>
@@ -96,15 +96,13 @@ inline void dot_rows(int64_t rows, const at::BFloat16* x, int64_t ldx, const at:
 }
 
 // The first `channels` of each of `rows` float32 rows (stride kBlock) into out (stride ldo),
-// each channel times its `scales` entry where given, rounded to nearest even sixteen at a
-// time.
+// rounded to nearest even sixteen at a time.
 inline void store_rows(const float* products, int64_t rows, int64_t channels, at::BFloat16* out,
-                       int64_t ldo, const float* scales = nullptr) {
+                       int64_t ldo) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < channels; c += 16) {
       const __mmask16 keep = first_lanes(channels - c);
-      __m512 values = _mm512_loadu_ps(products + r * kBlock + c);
-      if (scales != nullptr) values = _mm512_mul_ps(values, _mm512_maskz_loadu_ps(keep, scales + c));
+      const __m512 values = _mm512_loadu_ps(products + r * kBlock + c);
       const __m256bh half = _mm512_cvtneps_pbh(values);
       _mm256_mask_storeu_epi16(out + r * ldo + c, keep, (__m256i)half);
     }
@@ -112,13 +110,13 @@ inline void store_rows(const float* products, int64_t rows, int64_t channels, at
 }
 
 // All M rows of x (row stride K) times one block of K / 2 pairs, into the block's
-// `channels` columns of out (row stride ldo), scaled as store_rows does: kPanelRows rows at
+// `channels` columns of out (row stride ldo), rounded as store_rows does: kPanelRows rows at
 // a time, kMaxRows of them in registers at once. With `stream`, the first panel reads the
 // block from memory, prefetching ahead, chunk by chunk when it has more than one row group;
 // later panels find the block in cache.
 inline void rows_times_block(const at::BFloat16* x, int64_t M, int64_t K,
                              const at::BFloat16* block, int64_t channels, at::BFloat16* out,
-                             int64_t ldo, bool stream, const float* scales = nullptr) {
+                             int64_t ldo, bool stream) {
   float products[kPanelRows * kBlock];
   const int64_t K2 = K / 2;
   const char* bytes = reinterpret_cast<const char*>(block);
@@ -142,7 +140,7 @@ inline void rows_times_block(const at::BFloat16* x, int64_t M, int64_t K,
                  pairs, products + group * kMaxRows * kBlock, /*resume=*/k0 > 0, fetch, lines);
       }
     }
-    store_rows(products, panel, channels, out + first * ldo, ldo, scales);
+    store_rows(products, panel, channels, out + first * ldo, ldo);
   }
 }
 
