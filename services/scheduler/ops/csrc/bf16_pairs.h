@@ -36,6 +36,8 @@ inline __mmask16 first_lanes(int64_t count) {
 }
 
 constexpr int64_t kPairBytes = kBlock * 2 * 2;  // one K pair of a block: 256 bytes
+constexpr int64_t kLineBytes = 64;               // a cache line
+constexpr int64_t kPairLines = kPairBytes / kLineBytes;
 constexpr int64_t kMaxRows = 6;                  // rows kept in registers together
 // Software prefetch this many K pairs (8 KiB) ahead of the loads, into L2 (prefetcht1). On
 // the Zen 4 EPYC this took a one-row decode step's copies from 322-363 to 285-342 ms over
@@ -68,7 +70,7 @@ inline void dot_block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* bl
     const char* pair = pairs + i * kPairBytes;
     if constexpr (Prefetch) {
       for (int64_t line = 0; line < lines; ++line) {
-        _mm_prefetch(fetch + (i * lines + line) * 64, _MM_HINT_T1);
+        _mm_prefetch(fetch + (i * lines + line) * kLineBytes, _MM_HINT_T1);
       }
     }
     __m512bh w[4];
@@ -128,13 +130,13 @@ inline void rows_times_block(const at::BFloat16* x, int64_t M, int64_t K,
     const int64_t chunk = chunked ? kChunkPairs : K2;
     // Chunked, each group prefetches its share of the next chunk, `lines` a pair, so the
     // requests spread over all of a chunk's dot products; else the first group alone.
-    const int64_t lines = chunked ? (4 + groups - 1) / groups : 4;
+    const int64_t lines = chunked ? (kPairLines + groups - 1) / groups : kPairLines;
     for (int64_t k0 = 0; k0 < K2; k0 += chunk) {
       const int64_t pairs = std::min(chunk, K2 - k0);
       const char* next = bytes + (k0 + (chunked ? chunk : kPrefetchPairs)) * kPairBytes;
       for (int64_t group = 0; group < groups; ++group) {
         const char* fetch = nullptr;
-        if (streaming && (chunked || group == 0)) fetch = next + group * pairs * lines * 64;
+        if (streaming && (chunked || group == 0)) fetch = next + group * pairs * lines * kLineBytes;
         const int64_t row = first + group * kMaxRows;
         dot_rows(std::min(kMaxRows, M - row), x + row * K + 2 * k0, K, block + k0 * kBlock * 2,
                  pairs, products + group * kMaxRows * kBlock, /*resume=*/k0 > 0, fetch, lines);
