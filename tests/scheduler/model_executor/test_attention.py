@@ -226,6 +226,25 @@ def test_the_decode_kernel_matches_naive(case: str, kernel_backend: TorchAttenti
 
 
 @needs_compiler
+def test_a_decode_only_step_reads_and_writes_whole_with_the_rows_a_mixed_step_gives(
+    kernel_backend: TorchAttentionBackend,
+) -> None:
+    """A step of decode tokens alone skips the gather and scatter by rows; its rows are
+    what the same requests get beside a prompt chunk (the kernel computes each alone)."""
+    mixed, pool, q, k, v = random_step([(9, 1), (0, 11), (33, 1)], seed=5)
+    assert not kernel_backend.plan(mixed).decode.whole_step  # type: ignore[union-attr]
+    mixed_out = run_backend(kernel_backend, mixed, pool, q, k, v)
+    decode_rows = [0, 12]
+    slots = [mixed.kv_slots[0].tolist(), mixed.kv_slots[2].tolist()]
+    alone = ForwardBatch.build([[0], [0]], [9, 33], slots)
+    assert kernel_backend.plan(alone).decode.whole_step  # type: ignore[union-attr]
+    alone_out = run_backend(
+        kernel_backend, alone, pool, q[decode_rows], k[decode_rows], v[decode_rows]
+    )
+    assert torch.equal(alone_out, mixed_out[decode_rows])
+
+
+@needs_compiler
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_the_decode_kernel_in_half_precision_is_as_close_as_sdpa(
     dtype: torch.dtype, kernel_backend: TorchAttentionBackend

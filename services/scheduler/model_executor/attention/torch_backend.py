@@ -63,11 +63,20 @@ class DecodeGroup:
     slots: list[torch.Tensor]  # per request: its [seq_len] pool slots, unpadded
     table: torch.Tensor  # [B, max_seq] slot table, padded with slot 0
     seq_lens: torch.Tensor  # [B] int64: the keys of request b are table[b, :seq_lens[b]]
-    mask: torch.Tensor  # [B, 1, 1, max_seq] True where a key is real
+    # Every row of the step is a decode token, in order (rows is 0..B-1): the forward
+    # reads q and writes the output whole, with no gather or scatter by rows.
+    whole_step: bool = False
 
     @property
     def max_seq(self) -> int:
         return self.table.shape[1]
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """[B, 1, 1, max_seq] True where a key is real: only the padded SDPA call reads
+        it, so the kernel's steps never build it."""
+        key_pos = torch.arange(self.max_seq, device=self.table.device)
+        return (key_pos[None, :] < self.seq_lens[:, None])[:, None, None, :]
 
     def gather(self, buf: torch.Tensor) -> torch.Tensor:
         """[B, max_seq, kv_heads, D] keys or values of every decode request, padded.
@@ -110,7 +119,7 @@ class TorchAttentionBackend(AttentionBackend):
                 meta.extends.append(_extend_span(start, length, seq_len, slots, window))
             start += length
         if decode_rows:
-            meta.decode = _decode_group(decode_rows, decode_slots)
+            meta.decode = _decode_group(decode_rows, decode_slots, whole_step=not meta.extends)
         return meta
 
     def forward(
@@ -128,6 +137,11 @@ class TorchAttentionBackend(AttentionBackend):
             raise TypeError("TorchAttentionBackend needs metadata from its own plan()")
         kv_pool.write(layer, meta.batch.out_cache_loc, k, v)
         k_buf, v_buf = kv_pool.k_buffers[layer], kv_pool.v_buffers[layer]
+        dec = meta.decode
+        if dec is not None and dec.whole_step and q.is_contiguous() and self._kernel_fits(q, k_buf):
+            return torch.ops.tokenline.decode_attention(  # type: ignore[no-any-return]
+                q, k_buf, v_buf, dec.table, dec.seq_lens, scale
+            )
         out = torch.empty_like(q)
         for span in meta.extends:
             rows = slice(span.start, span.start + span.length)
@@ -148,8 +162,7 @@ class TorchAttentionBackend(AttentionBackend):
                 out[rows] = attend(span_q, span_k, span_v, span.prefix_len, scale)[0]
                 continue
             out[rows] = _sdpa(span_q, span_k.unsqueeze(0), span_v.unsqueeze(0), span.mask, scale)[0]
-        if meta.decode is not None:
-            dec = meta.decode
+        if dec is not None:
             dec_q = q[dec.rows]  # [B, H, D]
             if self._kernel_fits(dec_q, k_buf):
                 out[dec.rows] = torch.ops.tokenline.decode_attention(
@@ -329,11 +342,9 @@ def extend_mask(
     return mask
 
 
-def _decode_group(rows: list[int], slots: list[torch.Tensor]) -> DecodeGroup:
+def _decode_group(rows: list[int], slots: list[torch.Tensor], whole_step: bool) -> DecodeGroup:
     device = slots[0].device
     seq_lens = torch.tensor([len(s) for s in slots], device=device)
     table = pad_sequence(slots, batch_first=True, padding_value=0)
-    key_pos = torch.arange(table.shape[1], device=device)
-    mask = (key_pos[None, :] < seq_lens[:, None])[:, None, None, :]
     rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
-    return DecodeGroup(rows_t, slots, table.to(torch.int64).contiguous(), seq_lens, mask)
+    return DecodeGroup(rows_t, slots, table.to(torch.int64).contiguous(), seq_lens, whole_step)

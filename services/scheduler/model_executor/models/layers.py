@@ -71,10 +71,14 @@ class GemmaRMSNorm(RMSNorm):
 
 
 class RotaryEmbedding:
-    """cos/sin tables for a step's positions, computed per step (cheap, no length cap).
+    """cos/sin rows for a step's positions, gathered from tables of every position so far.
 
-    LongRoPE picks its long factors once a sequence passes the original context, the way
-    HF decides it (see ``_is_long``).
+    The tables hold what computing the rows per step would (float32 angles, cos and sin,
+    the attention factor, then the model dtype), so a row depends on its position alone;
+    they double whenever a step reaches past them, so there is no length cap. A decode
+    step gathers two rows per token instead of running the half-dozen elementwise ops
+    that building them took. LongRoPE picks its long factors once a sequence passes the
+    original context, the way HF decides it (see ``_is_long``).
     """
 
     def __init__(self, theta: float, rotary_dim: int, scaling: RopeScaling) -> None:
@@ -83,23 +87,42 @@ class RotaryEmbedding:
         self._short = inv_freq(theta, rotary_dim, scaling)
         self._long = inv_freq(theta, rotary_dim, scaling, long=True)
         self._scaling = scaling
+        # (device, dtype) -> cos and sin [positions, rotary_dim], short factors then long.
+        self._tables: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
 
     def __call__(self, batch: ForwardBatch, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         positions = batch.positions
-        if self._short.device != positions.device:
-            self._short, self._long = (
-                self._short.to(positions.device),
-                self._long.to(positions.device),
-            )
-        freqs = positions.float()[:, None] * self._short[None, :]
+        # Every position is below its request's seq_len: the host list says how far the
+        # tables must reach without reading the device tensor.
+        reach = max(batch.seq_lens, default=0)
+        tables = self._tables_reaching(reach, positions.device, dtype)
+        cos, sin = (table.index_select(0, positions) for table in tables[:2])
         if self._scaling.has_long_factors:
-            long = positions.float()[:, None] * self._long[None, :]
-            freqs = torch.where(self._is_long(batch)[:, None], long, freqs)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        factor = self._scaling.attention_factor
-        if factor == 1.0:
-            return emb.cos().to(dtype), emb.sin().to(dtype)
-        return (emb.cos() * factor).to(dtype), (emb.sin() * factor).to(dtype)
+            is_long = self._is_long(batch)[:, None]
+            cos = torch.where(is_long, tables[2].index_select(0, positions), cos)
+            sin = torch.where(is_long, tables[3].index_select(0, positions), sin)
+        return cos, sin
+
+    def _tables_reaching(
+        self, reach: int, device: torch.device, dtype: torch.dtype
+    ) -> list[torch.Tensor]:
+        tables = self._tables.get((device, dtype))
+        if tables is not None and tables[0].shape[0] >= reach:
+            return tables
+        size = max(reach, 2 * tables[0].shape[0] if tables is not None else 1024)
+        positions = torch.arange(size, device=device).float()[:, None]
+        tables = []
+        factors = [self._short, self._long] if self._scaling.has_long_factors else [self._short]
+        for factor in factors:
+            freqs = positions * factor.to(device)[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            scale = self._scaling.attention_factor
+            cos, sin = emb.cos(), emb.sin()
+            if scale != 1.0:
+                cos, sin = cos * scale, sin * scale
+            tables += [cos.to(dtype), sin.to(dtype)]
+        self._tables[(device, dtype)] = tables
+        return tables
 
     def _is_long(self, batch: ForwardBatch) -> torch.Tensor:
         """[T] bool: long factors for the token. HF decides per forward call by its last
