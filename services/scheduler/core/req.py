@@ -95,7 +95,9 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     # Pool slots holding this request's KV, one per computed token, in order. The first
     # ``num_tree_tokens`` belong to the radix cache (locked at ``cache_node``); the rest
-    # are the request's own until it inserts them.
+    # are the request's own until it inserts them. While the request runs the list only
+    # grows; anything else replaces it with a new list (the model runner's SlotMirror
+    # copies only what a list it has seen gained).
     kv_slots: list[int] = field(default_factory=list)
     cache_node: TreeNode | None = None
     num_tree_tokens: int = 0

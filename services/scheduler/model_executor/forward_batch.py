@@ -7,7 +7,8 @@ at ``kv_slots[i]``.
 
 Owns nothing long-lived: a step's device tensors, built from host lists by
 ``ModelRunner`` (tests build one directly), read by the model and the attention
-backend, and dropped when the step ends.
+backend, and dropped when the step ends. The slot tensors may be views of the buffers
+the runner's ``SlotMirror`` keeps across steps.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from services.scheduler.model_executor.slot_mirror import SlotMirror
 
 
 @dataclass(slots=True)
@@ -49,16 +52,18 @@ class ForwardBatch:
         kv_slots: list[list[int]],
         device: torch.device | str = "cpu",
         prompt_lens: list[int] | None = None,
+        slot_mirror: SlotMirror | None = None,
     ) -> ForwardBatch:
         """Assemble a batch from per-request new tokens and their full slot lists.
 
-        Host lists become four device tensors (one copy each, whatever the batch size);
-        the per-request slot tensors are views of one of them.
+        Host lists become device tensors, one copy each whatever the batch size. The
+        per-request slot tensors come from ``slot_mirror`` where the caller keeps one
+        across steps (only the slots added since are copied); otherwise they are views
+        of one tensor of all the lists.
         """
         input_ids: list[int] = []
         positions: list[int] = []
         out_loc: list[int] = []
-        all_slots: list[int] = []
         seq_lens, extend_lens = [], []
         for ids, prefix_len, slots in zip(new_token_ids, prefix_lens, kv_slots, strict=True):
             seq_len = prefix_len + len(ids)
@@ -67,19 +72,22 @@ class ForwardBatch:
             input_ids.extend(ids)
             positions.extend(range(prefix_len, seq_len))
             out_loc.extend(slots[prefix_len:])
-            all_slots.extend(slots)
             seq_lens.append(seq_len)
             extend_lens.append(len(ids))
 
         def as_tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
+        if slot_mirror is not None:
+            slot_tensors = slot_mirror.tensors(kv_slots)
+        else:
+            slot_tensors = list(as_tensor([s for slots in kv_slots for s in slots]).split(seq_lens))
         return cls(
             input_ids=as_tensor(input_ids),
             positions=as_tensor(positions),
             out_cache_loc=as_tensor(out_loc),
             seq_lens=seq_lens,
             extend_lens=extend_lens,
-            kv_slots=list(as_tensor(all_slots).split(seq_lens)),
+            kv_slots=slot_tensors,
             prompt_lens=prompt_lens,
         )

@@ -24,6 +24,7 @@ from services.scheduler.model_executor.attention.base import AttentionBackend, A
 from services.scheduler.model_executor.forward_batch import ForwardBatch
 from services.scheduler.model_executor.models.config import ModelConfig
 from services.scheduler.model_executor.pooling import PoolSpan, pool_rows
+from services.scheduler.model_executor.slot_mirror import SlotMirror
 from services.scheduler.sampling.prompt_logprobs import PromptLogprob, PromptSpan, score_rows
 
 
@@ -81,6 +82,7 @@ class ModelRunner:
         self.kv_pool = kv_pool
         self.device = torch.device(device)
         self.attn_backend = model.attn_backend
+        self.slot_mirror = SlotMirror(self.device)
 
     @property
     def vocab_size(self) -> int:
@@ -108,6 +110,7 @@ class ModelRunner:
             plan.kv_slots,
             self.device,
             prompt_lens=plan.prompt_lens or None,
+            slot_mirror=self.slot_mirror,
         )
         meta = self.attn_backend.plan(batch)  # once per step, shared by every layer
         hidden = self.model.hidden_states(batch, meta, self.kv_pool)
