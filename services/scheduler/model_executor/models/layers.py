@@ -106,17 +106,19 @@ class RotaryEmbedding:
     def _tables_reaching(
         self, reach: int, device: torch.device, dtype: torch.dtype
     ) -> list[torch.Tensor]:
+        """This device and dtype's tables, rebuilt twice as long (at least ``reach``
+        positions) when the current ones stop short."""
         tables = self._tables.get((device, dtype))
         if tables is not None and tables[0].shape[0] >= reach:
             return tables
         size = max(reach, 2 * tables[0].shape[0] if tables is not None else 1024)
         positions = torch.arange(size, device=device).float()[:, None]
+        scale = self._scaling.attention_factor
         tables = []
         factors = [self._short, self._long] if self._scaling.has_long_factors else [self._short]
         for factor in factors:
             freqs = positions * factor.to(device)[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
-            scale = self._scaling.attention_factor
             cos, sin = emb.cos(), emb.sin()
             if scale != 1.0:
                 cos, sin = cos * scale, sin * scale
