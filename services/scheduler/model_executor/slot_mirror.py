@@ -9,7 +9,9 @@ device buffer per slot list and copies in only the entries added since the step 
 It relies on how the scheduler treats a request's ``kv_slots`` (core/req.py): while the
 request runs the list only grows; matching a cached prefix, caching one, retracting or
 finishing replaces the list object. A list the mirror has not seen in the step before is
-converted whole. Owned by the ``ModelRunner``, engine thread only.
+converted whole, into a view of the step's one tensor, so a step of new lists (a prefill,
+or every step under overlap scheduling, which hands the forward copies) costs what
+converting them always did. Owned by the ``ModelRunner``, engine thread only.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ import torch
 @dataclass(slots=True)
 class _Mirror:
     source: list[int]  # the host list mirrored (held: its id cannot be reused meanwhile)
-    buffer: torch.Tensor  # [capacity] int64 on the device; the first `synced` entries valid
+    # [capacity] int64 on the device, the first `synced` entries valid. A list seen for the
+    # first time gets a view of that step's tensor instead (capacity = synced): only a
+    # list that comes back, and grew, gets a buffer of its own.
+    buffer: torch.Tensor
     synced: int
 
 
@@ -35,28 +40,32 @@ class SlotMirror:
         self._mirrors: dict[int, _Mirror] = {}
 
     def tensors(self, lists: list[list[int]]) -> list[torch.Tensor]:
-        mirrors: list[_Mirror] = []
+        mirrors: list[_Mirror | None] = []  # None: a list not mirrored in the step before
         gained: list[int] = []
         for slots in lists:
             mirror = self._mirrors.get(id(slots))
-            if mirror is None or mirror.source is not slots or mirror.synced > len(slots):
-                mirror = _Mirror(slots, torch.empty(0, dtype=torch.int64, device=self.device), 0)
-            gained.extend(slots[mirror.synced :])
+            if mirror is not None and (mirror.source is not slots or mirror.synced > len(slots)):
+                mirror = None
+            gained.extend(slots[mirror.synced :] if mirror is not None else slots)
             mirrors.append(mirror)
         new_values = torch.tensor(gained, dtype=torch.int64, device=self.device)
         out, offset = [], 0
-        for mirror in mirrors:
-            length = len(mirror.source)
-            if length > mirror.buffer.shape[0]:
-                mirror.buffer = self._grown(mirror, length)
-            count = length - mirror.synced
-            if count:
+        kept: dict[int, _Mirror] = {}  # only this step's lists: a finished request's goes
+        for slots, mirror in zip(lists, mirrors, strict=True):
+            length = len(slots)
+            if mirror is None:  # its slots are a view of this step's tensor, as they are
+                mirror = _Mirror(slots, new_values[offset : offset + length], length)
+                offset += length
+            elif length > mirror.synced:
+                if length > mirror.buffer.shape[0]:
+                    mirror.buffer = self._grown(mirror, length)
+                count = length - mirror.synced
                 mirror.buffer[mirror.synced : length].copy_(new_values[offset : offset + count])
                 offset += count
                 mirror.synced = length
             out.append(mirror.buffer[:length])
-        # Only the lists of this step stay mirrored: a finished request's buffer goes.
-        self._mirrors = {id(mirror.source): mirror for mirror in mirrors}
+            kept[id(slots)] = mirror
+        self._mirrors = kept
         return out
 
     def _grown(self, mirror: _Mirror, length: int) -> torch.Tensor:

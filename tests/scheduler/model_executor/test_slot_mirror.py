@@ -15,18 +15,24 @@ def as_lists(tensors: list[torch.Tensor]) -> list[list[int]]:
 def test_growing_lists_keep_their_buffers_and_match_every_step() -> None:
     mirror = SlotMirror("cpu")
     a, b = list(range(100, 130)), [7, 3, 9]
-    first = mirror.tensors([a, b])
+    first = mirror.tensors([a, b])  # first seen: views of the step's one tensor
     assert as_lists(first) == [a, b]
-    buffers = [t.untyped_storage().data_ptr() for t in first]
-    for step in range(40):  # decode steps: one slot each, both lists grow in place
+    assert first[0].untyped_storage().data_ptr() == first[1].untyped_storage().data_ptr()
+    a.append(999)
+    b.append(998)
+    second = mirror.tensors([a, b])  # back and grown: a buffer each, with room to grow
+    assert as_lists(second) == [a, b]
+    buffers = [t.untyped_storage().data_ptr() for t in second]
+    for step in range(39):  # decode steps: one slot each, both lists grow in place
         a.append(1000 + step)
         b.append(2000 + step)
         now = mirror.tensors([a, b])
         assert as_lists(now) == [a, b]
-    # 30 -> 70 and 3 -> 43 entries: the first list outgrew its buffer of 64, once.
+    # 31 -> 70 and 4 -> 43 entries: the first list outgrew its buffer of 64, once.
     assert now[0].untyped_storage().data_ptr() != buffers[0]
     assert now[1].untyped_storage().data_ptr() == buffers[1]
-    assert first[0].tolist() == list(range(100, 130))  # an earlier step's view is intact
+    assert first[0].tolist() == list(range(100, 130))  # earlier steps' views are intact
+    assert second[0].tolist() == [*range(100, 130), 999]
 
 
 def test_a_replaced_list_is_converted_whole() -> None:
