@@ -64,7 +64,8 @@ class DecodeGroup:
     table: torch.Tensor  # [B, max_seq] slot table, padded with slot 0
     seq_lens: torch.Tensor  # [B] int64: the keys of request b are table[b, :seq_lens[b]]
     # Every row of the step is a decode token, in order (rows is 0..B-1): the forward
-    # reads q and writes the output whole, with no gather or scatter by rows.
+    # reads q and writes the output whole, with no gather or scatter by rows, whichever
+    # way it computes them.
     whole_step: bool = False
 
     @property
@@ -138,10 +139,8 @@ class TorchAttentionBackend(AttentionBackend):
         kv_pool.write(layer, meta.batch.out_cache_loc, k, v)
         k_buf, v_buf = kv_pool.k_buffers[layer], kv_pool.v_buffers[layer]
         dec = meta.decode
-        if dec is not None and dec.whole_step and q.is_contiguous() and self._kernel_fits(q, k_buf):
-            return torch.ops.tokenline.decode_attention(  # type: ignore[no-any-return]
-                q, k_buf, v_buf, dec.table, dec.seq_lens, scale
-            )
+        if dec is not None and dec.whole_step:
+            return self._decode(q, k_buf, v_buf, dec, scale)
         out = torch.empty_like(q)
         for span in meta.extends:
             rows = slice(span.start, span.start + span.length)
@@ -163,17 +162,28 @@ class TorchAttentionBackend(AttentionBackend):
                 continue
             out[rows] = _sdpa(span_q, span_k.unsqueeze(0), span_v.unsqueeze(0), span.mask, scale)[0]
         if dec is not None:
-            dec_q = q[dec.rows]  # [B, H, D]
-            if self._kernel_fits(dec_q, k_buf):
-                out[dec.rows] = torch.ops.tokenline.decode_attention(
-                    dec_q, k_buf, v_buf, dec.table, dec.seq_lens, scale
-                )
-            elif self.batch_invariant:
-                out[dec.rows] = _decode_one_by_one(dec_q, k_buf, v_buf, dec.slots, scale)
-            else:
-                dec_k, dec_v = dec.gather(k_buf), dec.gather(v_buf)  # [B, S, kvH, D]
-                out[dec.rows] = _sdpa(dec_q.unsqueeze(1), dec_k, dec_v, dec.mask, scale)[:, 0]
+            out[dec.rows] = self._decode(q[dec.rows], k_buf, v_buf, dec, scale)
         return out
+
+    def _decode(
+        self,
+        dec_q: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        dec: DecodeGroup,
+        scale: float,
+    ) -> torch.Tensor:
+        """[B, H, D]: the decode queries ``dec_q`` over their requests' keys, by the
+        compiled kernel where it fits, else one SDPA call per request (batch-invariant)
+        or one padded call."""
+        if self._kernel_fits(dec_q, k_buf):
+            return torch.ops.tokenline.decode_attention(  # type: ignore[no-any-return]
+                dec_q.contiguous(), k_buf, v_buf, dec.table, dec.seq_lens, scale
+            )
+        if self.batch_invariant:
+            return _decode_one_by_one(dec_q, k_buf, v_buf, dec.slots, scale)
+        dec_k, dec_v = dec.gather(k_buf), dec.gather(v_buf)  # [B, S, kvH, D]
+        return _sdpa(dec_q.unsqueeze(1), dec_k, dec_v, dec.mask, scale)[:, 0]
 
     def _prompt_kernel_fits(self, span: ExtendSpan, q: torch.Tensor, k_buf: torch.Tensor) -> bool:
         return (
