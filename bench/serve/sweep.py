@@ -170,7 +170,7 @@ def cell_line(c: dict[str, Any]) -> str:
     return (
         f"{c['server']:<12} {c['setting']:<9} T={c['temperature']:<4} C={c['concurrency']:<3} "
         f"{c['output_tok_s']:8.1f} tok/s  TTFT p50 {c['ttft_p50_ms'] or 0:8.1f} ms "
-        f"p90 {c.get('ttft_p90_ms') or 0:8.1f} ms "
+        f"p90 {c['ttft_p90_ms'] or 0:8.1f} ms "
         f"({c['completed']} ok, {c['failed']} failed){extra}"
     )
 
@@ -240,7 +240,7 @@ def table_lines(rows: list[dict[str, Any]], peer: str = "transformers") -> list[
             f"{r['setting']:<10}{r['temperature']:>5}{r['concurrency']:>5}"
             f"{r['tokenline_tok_s']:>11.1f}{r['peer_tok_s']:>14.1f}"
             f"{_fmt(r['throughput_ratio'], 9)}{_fmt(r['ttft_p50_ratio'], 12)}"
-            f"{_fmt(r.get('ttft_p90_ratio'), 7)}"
+            f"{_fmt(r['ttft_p90_ratio'], 7)}"
             f"{_ms(d):>14}{_ms(steady):>12}  {each}"
         )
     return lines
