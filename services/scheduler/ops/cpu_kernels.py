@@ -80,6 +80,7 @@ HEADERS = (
     _CSRC / "bf16_pairs.h",
     _CSRC / "transpose16.h",
     _CSRC / "row_count.h",
+    _CSRC / "parallel_shared.h",
 )  # included by the sources: part of the key too
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_PROPOSALS = 256

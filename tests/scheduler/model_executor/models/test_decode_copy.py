@@ -81,6 +81,31 @@ def test_the_block_kernel_is_the_product_at_any_shape(
 
 
 @needs_compiler
+def test_the_block_kernel_gives_the_same_bits_however_its_threads_share_the_blocks(
+    block_kernel: None,
+) -> None:
+    """Threads take pieces of the blocks from a shared counter (csrc/parallel_shared.h), so
+    which thread computes a block changes from call to call; each block is one thread's
+    whole sum, so the output does not. 47 blocks (the last one short) in pieces of one to
+    several blocks, at one, two and three threads."""
+    gen = torch.Generator().manual_seed(3001)
+    weight = torch.randn(3001, 640, generator=gen).to(torch.bfloat16)
+    x = torch.randn(5, 640, generator=gen).to(torch.bfloat16)
+    packed = torch.ops.tokenline.pack_bf16_blocks(weight)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for count in (1, 2, 3, 2):
+            torch.set_num_threads(count)
+            results.append(torch.ops.tokenline.bf16_blocks_mm(x, packed, 3001))
+    finally:
+        torch.set_num_threads(threads)
+    assert within_bound(results[0], x, weight)
+    for got in results[1:]:
+        assert torch.equal(got, results[0])
+
+
+@needs_compiler
 def test_with_amx_a_layer_takes_its_copy_up_to_the_row_limit_and_the_packed_weight_above(
     block_kernel: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
