@@ -81,7 +81,7 @@ at::Tensor bf16_blocks_mm(const at::Tensor& x, const at::Tensor& packed, int64_t
   const at::BFloat16* pp = packed.data_ptr<at::BFloat16>();
   at::Tensor out = at::empty({M, N}, x.options());
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
-  tokenline::parallel_for_shared(num_blocks, 1, [&](int64_t begin, int64_t end) {
+  tokenline::parallel_for_shared(num_blocks, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t n = b * kBlock, channels = std::min(kBlock, N - n);
       tokenline::rows_times_block(xp, M, K, pp + b * K * kBlock, channels, op + n, N,

@@ -23,15 +23,15 @@ namespace tokenline {
 // between cores once in tens of microseconds.
 constexpr int64_t kPiecesPerThread = 8;
 
-// f(begin, end) over [0, n) in pieces of at least `grain`, each handed out once.
+// f(begin, end) over [0, n) in pieces, each handed out once.
 template <typename F>
-inline void parallel_for_shared(int64_t n, int64_t grain, const F& f) {
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (n + grain - 1) / grain);
+inline void parallel_for_shared(int64_t n, const F& f) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
   if (threads <= 1 || at::in_parallel_region()) {
     if (n > 0) f(0, n);
     return;
   }
-  const int64_t piece = std::max(grain, n / (threads * kPiecesPerThread));
+  const int64_t piece = std::max<int64_t>(1, n / (threads * kPiecesPerThread));
   std::atomic<int64_t> next{0};
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     for (int64_t begin = next.fetch_add(piece, std::memory_order_relaxed); begin < n;
