@@ -67,6 +67,7 @@ class DecodeGroup:
     # reads q and writes the output whole, with no gather or scatter by rows, whichever
     # way it computes them.
     whole_step: bool = False
+    _mask: torch.Tensor | None = field(default=None, repr=False)  # built by the first layer
 
     @property
     def max_seq(self) -> int:
@@ -74,10 +75,12 @@ class DecodeGroup:
 
     @property
     def mask(self) -> torch.Tensor:
-        """[B, 1, 1, max_seq] True where a key is real: only the padded SDPA call reads
-        it, so the kernel's steps never build it."""
-        key_pos = torch.arange(self.max_seq, device=self.table.device)
-        return (key_pos[None, :] < self.seq_lens[:, None])[:, None, None, :]
+        """[B, 1, 1, max_seq] True where a key is real: built when the padded SDPA call
+        first reads it, then shared by every layer; the kernel's steps never build it."""
+        if self._mask is None:
+            key_pos = torch.arange(self.max_seq, device=self.table.device)
+            self._mask = (key_pos[None, :] < self.seq_lens[:, None])[:, None, None, :]
+        return self._mask
 
     def gather(self, buf: torch.Tensor) -> torch.Tensor:
         """[B, max_seq, kv_heads, D] keys or values of every decode request, padded.
