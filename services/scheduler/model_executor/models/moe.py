@@ -10,14 +10,20 @@ expert's pair for oneDNN and pads or tiles its rows as it does a ``Linear``'s
 matmul streams the weight about 1.6x as fast as ``F.linear`` from the [out, in] layout.
 With the decode copy an expert of up to ``decode_copy_rows`` rows multiplies by its weights'
 decode copies (``linear.py``): up to 4 with AMX, every step without (then the copies replace
-the packed weights). With ``--quantization int8`` each expert's weights are int8
+the packed weights). The copies are stacked per projection (``ExpertCopies``), so a step
+whose experts all take them runs each projection for every expert in one grouped call
+(``bf16_grouped_blocks_mm``): one parallel region where the loop opens one per expert, and
+no Python per expert. With ``--quantization int8`` each expert's weights are int8
 (``int8_weight.py``); the router stays in full precision, since a rounded router score can
 send a token to another expert.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from services.scheduler.model_executor.models.config import ModelConfig, MoeConfig
@@ -30,6 +36,30 @@ from services.scheduler.model_executor.models.linear import (
     RowShaped,
     can_copy_for_decode,
 )
+
+
+class ExpertCopies(NamedTuple):
+    """One projection's weights for every expert in the decode copy's layout, stacked:
+    ``[E, N/64, K/2, 64, 2]``; N output channels each."""
+
+    blocks: torch.Tensor
+    outputs: int
+
+    @classmethod
+    def of(cls, stack: torch.Tensor) -> ExpertCopies:
+        """From a stack of [E, N, K] bf16 weights."""
+        pack = torch.ops.tokenline.pack_bf16_blocks
+        return cls(torch.stack([pack(weight.detach()) for weight in stack]), stack.shape[1])
+
+    def expert(self, expert: int) -> DecodeCopy:
+        return DecodeCopy(self.blocks[expert], self.outputs)
+
+    def grouped_matmul(self, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Rows ``offsets[e]:offsets[e + 1]`` of ``rows`` times expert e's weight, for every e."""
+        out: torch.Tensor = torch.ops.tokenline.bf16_grouped_blocks_mm(
+            rows, offsets, self.blocks, self.outputs
+        )
+        return out
 
 
 class Experts(nn.Module, RowShaped):
@@ -48,8 +78,8 @@ class Experts(nn.Module, RowShaped):
         self.int8: list[tuple[QuantizedWeight, QuantizedWeight]] | None = None
         # Per expert (gate_up, down) in oneDNN's layout once ``pack`` has run; likewise.
         self.packed: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        # Per expert (gate_up, down) in the decode kernel's layout (``--decode-copy``).
-        self.decode_copies: list[tuple[DecodeCopy, DecodeCopy]] | None = None
+        # (gate_up, down) for every expert in the decode kernel's layout (``--decode-copy``).
+        self.decode_copies: tuple[ExpertCopies, ExpertCopies] | None = None
         self.gate_up_proj = nn.Parameter(torch.empty(moe.num_experts, 2 * size, hidden))
         self.down_proj = nn.Parameter(torch.empty(moe.num_experts, hidden, size))
         self.act = ACTIVATIONS[config.hidden_act]
@@ -63,23 +93,36 @@ class Experts(nn.Module, RowShaped):
         flat = expert_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         token_of = order // top_k
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        counts = torch.bincount(flat, minlength=self.num_experts)
         rows = x.index_select(0, token_of)
-        outputs = torch.empty_like(rows)
-        start = 0
-        for expert, count in enumerate(counts):
-            if count:
-                end = start + count
-                outputs[start:end] = self._expert(expert, rows[start:end])
-                start = end
+        if self.decode_copies is not None and int(counts.max()) <= self.decode_copy_rows:
+            outputs = self._grouped(rows, counts)
+        else:
+            outputs = torch.empty_like(rows)
+            start = 0
+            for expert, count in enumerate(counts.tolist()):
+                if count:
+                    end = start + count
+                    outputs[start:end] = self._expert(expert, rows[start:end])
+                    start = end
         outputs = outputs * weights.reshape(-1)[order, None]
         return torch.zeros_like(x).index_add_(0, token_of, outputs)
+
+    def _grouped(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Every expert's rows (``rows`` sorted by expert, ``counts`` per expert) through
+        its MLP by the stacked decode copies: the same sums as ``_expert`` per expert."""
+        assert self.decode_copies is not None
+        gate_up, down = self.decode_copies
+        offsets = F.pad(counts.cumsum(0), (1, 0))
+        return down.grouped_matmul(self._activate(gate_up.grouped_matmul(rows, offsets)), offsets)
 
     def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
         if self.int8 is not None:
             gate_up_int8, down_int8 = self.int8[expert]
             return down_int8.matmul(self._activate(gate_up_int8.matmul(x)))
-        copies = (None, None) if self.decode_copies is None else self.decode_copies[expert]
+        copies: tuple[DecodeCopy | None, DecodeCopy | None] = (None, None)
+        if self.decode_copies is not None:
+            copies = (self.decode_copies[0].expert(expert), self.decode_copies[1].expert(expert))
         if self.packed is not None:
             gate_up_packed, down_packed = self.packed[expert]
             hidden = self._activate(self.matmul_rows(x, gate_up_packed, None, None, copies[0]))
@@ -117,11 +160,8 @@ class Experts(nn.Module, RowShaped):
         stacks = (self.gate_up_proj, self.down_proj)
         if not all(can_copy_for_decode(stack) for stack in stacks):
             return 0
-        self.decode_copies = [
-            (DecodeCopy.of(self.gate_up_proj[e]), DecodeCopy.of(self.down_proj[e]))
-            for e in range(self.num_experts)
-        ]
-        return sum(gate_up.nbytes + down.nbytes for gate_up, down in self.decode_copies)
+        self.decode_copies = (ExpertCopies.of(self.gate_up_proj), ExpertCopies.of(self.down_proj))
+        return sum(copies.blocks.nbytes for copies in self.decode_copies)
 
     def quantize(self, row_independent: bool) -> None:
         """Hold every expert's weights as int8 and free the float stacks."""

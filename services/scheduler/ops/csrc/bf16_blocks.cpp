@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "bf16_pairs.h"
 #include "parallel_shared.h"
@@ -94,15 +95,66 @@ at::Tensor bf16_blocks_mm(const at::Tensor& x, const at::Tensor& packed, int64_t
 #endif
 }
 
+// Grouped by expert: rows offsets[e]..offsets[e+1]-1 of x [R, K] times expert e's packed
+// weight (packed [E, blocks, K/2, 64, 2], each expert's from pack_bf16_blocks): [R, N] bf16.
+// One parallel region shares out every (expert with rows, block) piece, where a loop over
+// the experts would open one per expert per projection (two per expert and layer in a
+// mixture-of-experts step); each row's sums are those of bf16_blocks_mm on its expert alone.
+at::Tensor bf16_grouped_blocks_mm(const at::Tensor& x, const at::Tensor& offsets,
+                                  const at::Tensor& packed, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16,
+              "bf16_grouped_blocks_mm: x must be bf16 [R, K]");
+  TORCH_CHECK(packed.dim() == 5 && packed.size(3) == kBlock && packed.size(4) == 2 &&
+                  packed.scalar_type() == at::kBFloat16 && packed.is_contiguous(),
+              "bf16_grouped_blocks_mm: packed must stack pack_bf16_blocks' outputs");
+  const int64_t R = x.size(0), K = x.size(1), experts = packed.size(0), num_blocks = packed.size(1);
+  TORCH_CHECK(packed.size(2) * 2 == K && (N + kBlock - 1) / kBlock == num_blocks,
+              "bf16_grouped_blocks_mm: x, packed and N disagree");
+  TORCH_CHECK(offsets.dim() == 1 && offsets.size(0) == experts + 1 &&
+                  offsets.scalar_type() == at::kLong,
+              "bf16_grouped_blocks_mm: offsets must be int64 [E + 1]");
+  const at::Tensor bounds = offsets.contiguous();
+  const int64_t* starts = bounds.data_ptr<int64_t>();
+  std::vector<int64_t> used;  // the experts with rows, in order
+  for (int64_t e = 0; e < experts; ++e) {
+    TORCH_CHECK(starts[e] <= starts[e + 1], "bf16_grouped_blocks_mm: offsets must not fall");
+    if (starts[e] < starts[e + 1]) used.push_back(e);
+  }
+  TORCH_CHECK(starts[0] == 0 && starts[experts] == R,
+              "bf16_grouped_blocks_mm: offsets must run from 0 to x's rows");
+#if defined(__AVX512BF16__)
+  const at::Tensor rows = x.contiguous();
+  const at::BFloat16* xp = rows.data_ptr<at::BFloat16>();
+  const at::BFloat16* pp = packed.data_ptr<at::BFloat16>();
+  at::Tensor out = at::empty({R, N}, x.options());
+  at::BFloat16* op = out.data_ptr<at::BFloat16>();
+  const int64_t pieces = static_cast<int64_t>(used.size()) * num_blocks;
+  tokenline::parallel_for_shared(pieces, [&](int64_t begin, int64_t end) {
+    for (int64_t piece = begin; piece < end; ++piece) {
+      const int64_t e = used[piece / num_blocks], b = piece % num_blocks;
+      const int64_t first = starts[e], n = b * kBlock, channels = std::min(kBlock, N - n);
+      const at::BFloat16* block = pp + (e * num_blocks + b) * K * kBlock;
+      tokenline::rows_times_block(xp + first * K, starts[e + 1] - first, K, block, channels,
+                                  op + first * N + n, N, /*stream=*/true);
+    }
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "bf16_grouped_blocks_mm: this library was built without AVX512-BF16");
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tokenline, m) {
   m.def("bf16_blocks() -> bool", &bf16_blocks);
   m.def("pack_bf16_blocks(Tensor weight) -> Tensor");
   m.def("bf16_blocks_mm(Tensor x, Tensor packed, int N) -> Tensor");
+  m.def("bf16_grouped_blocks_mm(Tensor x, Tensor offsets, Tensor packed, int N) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tokenline, CPU, m) {
   m.impl("pack_bf16_blocks", &pack_bf16_blocks);
   m.impl("bf16_blocks_mm", &bf16_blocks_mm);
+  m.impl("bf16_grouped_blocks_mm", &bf16_grouped_blocks_mm);
 }

@@ -8,6 +8,7 @@ AMX or not, they do it with a FAKE of torch's CPU probe: the routing is what the
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,64 @@ def test_the_block_kernel_gives_the_same_bits_however_its_threads_share_the_bloc
     assert within_bound(results[0], x, weight)
     for got in results[1:]:
         assert torch.equal(got, results[0])
+
+
+@needs_compiler
+def test_the_grouped_kernel_gives_each_expert_the_bits_of_its_own_call(block_kernel: None) -> None:
+    """Five experts' weights stacked, rows sorted by expert: one with none, one with more
+    than the 24 rows a chunked pass takes, 150 output channels (the last block short).
+    Each expert's rows come out as bf16_blocks_mm gives them for that expert alone."""
+    gen = torch.Generator().manual_seed(5)
+    counts = [3, 0, 30, 1, 7]
+    weights = torch.randn(len(counts), 150, 96, generator=gen).to(torch.bfloat16)
+    x = torch.randn(sum(counts), 96, generator=gen).to(torch.bfloat16)
+    pack = torch.ops.tokenline.pack_bf16_blocks
+    stacked = torch.stack([pack(weight) for weight in weights])
+    offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()])
+    got = torch.ops.tokenline.bf16_grouped_blocks_mm(x, offsets, stacked, 150)
+    assert got.shape == (sum(counts), 150)
+    for expert, (start, end) in enumerate(zip(offsets[:-1], offsets[1:], strict=True)):
+        alone = torch.ops.tokenline.bf16_blocks_mm(x[start:end], stacked[expert], 150)
+        assert torch.equal(got[start:end], alone)
+    assert within_bound(got[3:33], x[3:33], weights[2])
+
+
+@needs_compiler
+@pytest.mark.parametrize(
+    ("offsets", "message"),
+    [
+        ([0, 1, 2, 3], "offsets must run from 0"),
+        ([0, 3, 2, 4], "must not fall"),
+        ([0, 4], "[E + 1]"),
+    ],
+    ids=["short-of-the-rows", "falling", "wrong-length"],
+)
+def test_the_grouped_kernel_refuses_offsets_that_do_not_split_the_rows(
+    block_kernel: None, offsets: list[int], message: str
+) -> None:
+    stacked = torch.zeros(3, 1, 8, 64, 2, dtype=torch.bfloat16)
+    x = torch.zeros(4, 16, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        torch.ops.tokenline.bf16_grouped_blocks_mm(x, torch.tensor(offsets), stacked, 64)
+
+
+@needs_compiler
+def test_experts_with_copies_run_grouped_with_the_sums_of_one_call_each(block_kernel: None) -> None:
+    """The grouped path (a step whose experts all take their copies) gives each expert's
+    rows what that expert's own MLP (two copy matmuls around the gate) gives them."""
+    experts = random_experts(torch.bfloat16)
+    assert experts.copy_for_decode() > 0
+    experts.decode_copy_rows = DECODE_COPY_MAX_ROWS
+    gen = torch.Generator().manual_seed(6)
+    counts = torch.tensor([2, 0, 4, 1] + [0] * (experts.num_experts - 4))
+    rows = torch.randn(int(counts.sum()), experts.gate_up_proj.shape[-1], generator=gen)
+    rows = rows.to(torch.bfloat16)
+    grouped = experts._grouped(rows, counts)
+    start = 0
+    for expert, count in enumerate(counts.tolist()):
+        alone = experts._expert(expert, rows[start : start + count])
+        assert torch.equal(grouped[start : start + count], alone)
+        start += count
 
 
 @needs_compiler
@@ -264,7 +323,7 @@ def test_a_model_with_the_copy_decodes_as_close_to_float32_as_without(
     assert (name == "qwen3_moe") == bool(experts)
     for module in experts:
         assert module.decode_copies is not None
-        assert len(module.decode_copies) == module.num_experts
+        assert all(len(copies.blocks) == module.num_experts for copies in module.decode_copies)
     packed, _ = load_model(checkpoint, torch.bfloat16, "cpu")
     reference, _ = load_model(checkpoint, torch.float32, "cpu")
     ids = [0, *range(1000, 1020)]
