@@ -60,6 +60,28 @@ def test_rms_norm_gives_the_eager_result(dtype: torch.dtype, width: int) -> None
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_a_per_head_norm_takes_the_kernel_on_its_heads_rows(dtype: torch.dtype) -> None:
+    """Qwen3's q/k norms see [tokens, heads, head_dim] views of the fused projection, whose
+    heads are no one tensor of rows: with the kernel on, each head is normalised as the
+    kernel normalises that row alone, within an ulp of the eager norm."""
+    tokens, heads, head_dim = 9, 4, 128
+    x = rows(tokens, 2 * heads * head_dim, dtype, seed=4)[:, : heads * head_dim]
+    heads_view = x.view(tokens, heads, head_dim)
+    norm = RMSNorm(head_dim, 1e-6).to(dtype)
+    gen = torch.Generator().manual_seed(5)
+    norm.weight.data.copy_(1 + 0.1 * torch.randn(head_dim, generator=gen))
+    eager = norm(heads_view)
+    norm.kernel = True
+    got = norm(heads_view)
+    assert got.shape == heads_view.shape
+    for token, head in ((0, 0), (4, 3), (8, 1)):
+        row = heads_view[token, head].contiguous().view(1, head_dim)
+        alone = torch.ops.tokenline.rms_norm(row, norm.weight, 1e-6)[0]
+        assert torch.equal(got[token, head], alone)
+    torch.testing.assert_close(got.float(), eager.float(), rtol=ULP[dtype], atol=ULP[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("half", [4864, 37])
 def test_silu_and_mul_gives_the_eager_result(dtype: torch.dtype, half: int) -> None:
     x = rows(33, 2 * half, dtype, seed=1)

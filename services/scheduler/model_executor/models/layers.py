@@ -53,8 +53,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel and x.dim() == 2 and x.stride(-1) == 1:
-            return torch.ops.tokenline.rms_norm(x, self.weight, self.eps)  # type: ignore[no-any-return]
+        if self.kernel and x.stride(-1) == 1:
+            # Per-head q/k norms get [tokens, heads, head_dim] views of the fused projection:
+            # their rows are gathered (one copy) rather than normalised in eight eager ops.
+            rows = x.reshape(-1, x.shape[-1])
+            out: torch.Tensor = torch.ops.tokenline.rms_norm(rows, self.weight, self.eps)
+            return out.view(x.shape)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
