@@ -65,6 +65,29 @@ at::Tensor pack_bf16_blocks(const at::Tensor& weight) {
   return packed;
 }
 
+#if defined(__AVX512BF16__)
+// Rows first..first + rows - 1 of x, to be multiplied by one packed weight's blocks.
+struct RowGroup {
+  int64_t first, rows;
+  const at::BFloat16* blocks;
+};
+
+// Each group's rows of x [R, K] times its weight's num_blocks blocks, into the same rows of
+// out [R, N]: one parallel region sharing out every (group, block) piece.
+void groups_times_blocks(const at::BFloat16* x, int64_t K, const std::vector<RowGroup>& groups,
+                         int64_t num_blocks, int64_t N, at::BFloat16* out) {
+  const auto pieces = static_cast<int64_t>(groups.size()) * num_blocks;
+  tokenline::parallel_for_shared(pieces, [&](int64_t begin, int64_t end) {
+    for (int64_t piece = begin; piece < end; ++piece) {
+      const RowGroup& group = groups[piece / num_blocks];
+      const int64_t n = (piece % num_blocks) * kBlock, channels = std::min(kBlock, N - n);
+      tokenline::rows_times_block(x + group.first * K, group.rows, K, group.blocks + n * K,
+                                  channels, out + group.first * N + n, N, /*stream=*/true);
+    }
+  });
+}
+#endif
+
 // x [M, K] bf16 times the packed weight's [N, K]^T: [M, N] bf16. Any M (rows beyond four
 // take more passes over each block, from cache), though it pays only for few.
 at::Tensor bf16_blocks_mm(const at::Tensor& x, const at::Tensor& packed, int64_t N) {
@@ -78,17 +101,10 @@ at::Tensor bf16_blocks_mm(const at::Tensor& x, const at::Tensor& packed, int64_t
               "bf16_blocks_mm: x, packed and N disagree");
 #if defined(__AVX512BF16__)
   const at::Tensor rows = x.contiguous();
-  const at::BFloat16* xp = rows.data_ptr<at::BFloat16>();
-  const at::BFloat16* pp = packed.data_ptr<at::BFloat16>();
   at::Tensor out = at::empty({M, N}, x.options());
-  at::BFloat16* op = out.data_ptr<at::BFloat16>();
-  tokenline::parallel_for_shared(num_blocks, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t n = b * kBlock, channels = std::min(kBlock, N - n);
-      tokenline::rows_times_block(xp, M, K, pp + b * K * kBlock, channels, op + n, N,
-                                  /*stream=*/true);
-    }
-  });
+  groups_times_blocks(rows.data_ptr<at::BFloat16>(), K,
+                      {{0, M, packed.data_ptr<at::BFloat16>()}}, num_blocks, N,
+                      out.data_ptr<at::BFloat16>());
   return out;
 #else
   TORCH_CHECK(false, "bf16_blocks_mm: this library was built without AVX512-BF16");
@@ -115,29 +131,23 @@ at::Tensor bf16_grouped_blocks_mm(const at::Tensor& x, const at::Tensor& offsets
               "bf16_grouped_blocks_mm: offsets must be int64 [E + 1]");
   const at::Tensor bounds = offsets.contiguous();
   const int64_t* starts = bounds.data_ptr<int64_t>();
-  std::vector<int64_t> used;  // the experts with rows, in order
-  for (int64_t e = 0; e < experts; ++e) {
-    TORCH_CHECK(starts[e] <= starts[e + 1], "bf16_grouped_blocks_mm: offsets must not fall");
-    if (starts[e] < starts[e + 1]) used.push_back(e);
-  }
   TORCH_CHECK(starts[0] == 0 && starts[experts] == R,
               "bf16_grouped_blocks_mm: offsets must run from 0 to x's rows");
+  for (int64_t e = 0; e < experts; ++e) {
+    TORCH_CHECK(starts[e] <= starts[e + 1], "bf16_grouped_blocks_mm: offsets must not fall");
+  }
 #if defined(__AVX512BF16__)
   const at::Tensor rows = x.contiguous();
-  const at::BFloat16* xp = rows.data_ptr<at::BFloat16>();
   const at::BFloat16* pp = packed.data_ptr<at::BFloat16>();
-  at::Tensor out = at::empty({R, N}, x.options());
-  at::BFloat16* op = out.data_ptr<at::BFloat16>();
-  const int64_t pieces = static_cast<int64_t>(used.size()) * num_blocks;
-  tokenline::parallel_for_shared(pieces, [&](int64_t begin, int64_t end) {
-    for (int64_t piece = begin; piece < end; ++piece) {
-      const int64_t e = used[piece / num_blocks], b = piece % num_blocks;
-      const int64_t first = starts[e], n = b * kBlock, channels = std::min(kBlock, N - n);
-      const at::BFloat16* block = pp + (e * num_blocks + b) * K * kBlock;
-      tokenline::rows_times_block(xp + first * K, starts[e + 1] - first, K, block, channels,
-                                  op + first * N + n, N, /*stream=*/true);
+  std::vector<RowGroup> groups;  // the experts with rows
+  for (int64_t e = 0; e < experts; ++e) {
+    if (starts[e] < starts[e + 1]) {
+      groups.push_back({starts[e], starts[e + 1] - starts[e], pp + e * num_blocks * K * kBlock});
     }
-  });
+  }
+  at::Tensor out = at::empty({R, N}, x.options());
+  groups_times_blocks(rows.data_ptr<at::BFloat16>(), K, groups, num_blocks, N,
+                      out.data_ptr<at::BFloat16>());
   return out;
 #else
   TORCH_CHECK(false, "bf16_grouped_blocks_mm: this library was built without AVX512-BF16");
