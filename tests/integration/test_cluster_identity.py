@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,15 @@ def cluster(
         for name, ports in (("a", ports_a), ("b", ports_b))
     ]
     try:
-        stacks[0].start()
-        stacks[1].start(only=("scheduler", "frontend", "gateway"))
+        # Side by side: a start is mostly imports and model loading, which the two overlap;
+        # b's services wait for a's detokenizer and scheduler as they would in a cluster.
+        with ThreadPoolExecutor(2) as pool:
+            started = [
+                pool.submit(stacks[0].start),
+                pool.submit(stacks[1].start, only=("scheduler", "frontend", "gateway")),
+            ]
+            for future in started:
+                future.result()
         deadline = time.monotonic() + 30
         while any(s.scheduler_info().num_frontends < 2 for s in stacks):
             assert time.monotonic() < deadline, "frontends did not attach to both schedulers"
