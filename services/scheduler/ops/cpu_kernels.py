@@ -5,9 +5,9 @@ and SiLU-and-multiply (``csrc/fused_rows.cpp``, used by ``model_executor/models/
 layers.py``), the int8 weight-only matmul of few rows (``csrc/int8_rows.cpp``, used by
 ``model_executor/models/int8/int8_weight.py``), the w8a8 int8 x int8 matmul (``csrc/w8a8.cpp``,
 used by ``model_executor/models/int8/w8a8_weight.py``), the bf16 decode copy's matmul
-(``csrc/bf16_blocks.cpp``, used by ``model_executor/models/linear.py``) and bf16 prompt
-attention where there is no AMX (``csrc/prompt_attention.cpp``, used by the attention
-backend), compiled into one library.
+(``csrc/bf16_blocks.cpp``, used by ``model_executor/models/linear.py`` and ``moe.py``) and
+bf16 prompt attention where there is no AMX (``csrc/prompt_attention.cpp``, used by the
+attention backend), compiled into one library.
 
 A row sampled from the whole softmax (the OpenAI default: temperature only) would need every
 vocabulary entry's ``exp`` to find its inverse CDF. ``csrc/sample_rows.cpp`` draws each row

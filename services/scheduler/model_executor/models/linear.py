@@ -102,7 +102,7 @@ DECODE_COPY_BLOCK = 64
 # limit) or more, not a 7B model's 14 GiB on a 24 GiB machine, where the KV cache and the
 # weights need the room.
 DECODE_COPY_AUTO_SHARE = 0.25
-_DECODE_COPY_OPS = ("pack_bf16_blocks", "bf16_blocks_mm")
+_DECODE_COPY_OPS = ("pack_bf16_blocks", "bf16_blocks_mm", "bf16_grouped_blocks_mm")
 
 
 class DecodeCopy(NamedTuple):

@@ -1,8 +1,8 @@
 // bf16 linear layers, on a copy of the weight packed at load into blocks of 64 output
 // channels in VNNI pairs: block b holds W[64b + c][2i + j] at [b][i][c][j], i < K/2, so
 // each K pair of a block is 256 contiguous bytes and a block is one front-to-back stream.
-// Used by model_executor/models/linear.py for steps of up to decode_copy_max_rows() rows
-// when the decode copy is on.
+// Used by model_executor/models/linear.py (and, grouped by expert, moe.py) for steps of up
+// to decode_copy_max_rows() rows when the decode copy is on.
 //
 // Why: a decode step at one row waits on the weight bytes, and oneDNN's packed bf16 matmul
 // streamed the 0.5B shape's layers at 13-14 GB/s on the 2-core AMX Xeon (model 207). This
