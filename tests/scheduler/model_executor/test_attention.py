@@ -268,15 +268,16 @@ def test_the_decode_kernel_in_half_precision_is_as_close_as_sdpa(
 @needs_compiler
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "head_dim"),
-    [(14, 2, 64), (4, 4, 128), (8, 2, 32), (6, 3, 48)],
-    ids=["group7-d64", "group1-d128", "group4-d32", "d48-float-path"],
+    [(14, 2, 64), (4, 4, 128), (16, 8, 128), (8, 2, 32), (10, 2, 96), (6, 3, 48)],
+    ids=["group7-d64", "group1-d128", "group2-d128", "group4-d32", "group5-d96", "d48-float-path"],
 )
 def test_the_bf16_decode_kernel_is_within_a_rounding_at_every_tile_edge(
     kernel_model_dir: Path, heads: int, kv_heads: int, head_dim: int
 ) -> None:
     """bf16 pools take the pair-dot-product path where head_dim is a multiple of 32 and the
-    build has AVX512-BF16 (16 keys a tile, two keys a weighted-sum step): lengths around a
-    tile and odd lengths, against the exact float64 attention, within two bf16 roundings;
+    build has AVX512-BF16 (16 keys a tile, two keys a weighted-sum step, the group's rows in
+    register-sized chunks: 4 + 3 of 7 at head_dim 64, 2 + 2 + 1 of 5 at 96): lengths around
+    a tile and odd lengths, against the exact float64 attention, within two bf16 roundings;
     head_dim 48 takes the float path, held to the same bound."""
     gen = torch.Generator().manual_seed(head_dim)
     lengths = [1, 2, 15, 16, 17, 31, 33, 190]
