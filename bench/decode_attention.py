@@ -1,0 +1,111 @@
+"""Decode attention on CPU: ``tokenline::decode_attention`` alone, warm and from memory.
+
+``python -m bench.decode_attention --model models/tokenline-small`` calls the kernel at the
+model's head shape in bf16 for 1, 16 and 64 requests of ``--keys`` keys each, their slots in
+order and in random order over a pool of the engine's size, and times each call twice:
+warm (the same call repeated) and after reading 64 MiB (as the layers between two calls
+evict the pool inside the engine). Prints µs per call and the pool's bytes read per second,
+with the CPU; writes JSON (``--out``, default ``bench/results/decode_attention.json``).
+
+To compare two builds of the kernel, run it once per build (``--kernels-dir``): a process
+can load one library of the ``tokenline`` ops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bench.machine import describe, machine_info
+from services.scheduler.model_executor.models.config import ModelConfig
+from services.scheduler.transport.engine_build import load_kernels
+
+REQUESTS = (1, 16, 64)
+# Slots in the pool the calls read from: a few thousand requests' worth, as a served pool.
+POOL_SLOTS = 65536
+# Read between two timed calls in the "from memory" runs: twice this machine's L3 and more.
+SWEEP_BYTES = 64 << 20
+
+
+def pool_bytes(requests: int, keys: int, kv_heads: int, head_dim: int) -> int:
+    """Key and value bytes one call reads: every request's rows of every kv head, bf16."""
+    return 2 * requests * keys * kv_heads * head_dim * 2
+
+
+def measure(
+    config: ModelConfig, requests: int, keys: int, layout: str, repeats: int
+) -> dict[str, float | int | str]:
+    heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+    gen = torch.Generator().manual_seed(requests)
+    k_buf = torch.randn(POOL_SLOTS, kv_heads, head_dim, generator=gen).bfloat16()
+    v_buf = torch.randn(POOL_SLOTS, kv_heads, head_dim, generator=gen).bfloat16()
+    q = torch.randn(requests, heads, head_dim, generator=gen).bfloat16()
+    if layout == "in order":  # each request's keys in one run of slots, as a fresh pool
+        table = torch.arange(requests * keys).reshape(requests, keys)
+    else:
+        table = torch.randperm(POOL_SLOTS, generator=gen)[: requests * keys]
+        table = table.reshape(requests, keys)
+    lens = torch.full((requests,), keys)
+    sweep = torch.ones(SWEEP_BYTES, dtype=torch.uint8)
+    scale = head_dim**-0.5
+
+    def call() -> None:
+        torch.ops.tokenline.decode_attention(q, k_buf, v_buf, table, lens, scale)
+
+    row: dict[str, float | int | str] = {"requests": requests, "keys": keys, "layout": layout}
+    for name, evict in (("warm", False), ("from_memory", True)):
+        for _ in range(5):
+            call()
+        times = []
+        for _ in range(repeats):
+            if evict:
+                sweep.max()
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        seconds = statistics.median(times)
+        row[f"{name}_us"] = seconds * 1e6
+        row[f"{name}_gbps"] = pool_bytes(requests, keys, kv_heads, head_dim) / seconds / 1e9
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="models/tokenline-small")
+    parser.add_argument("--kernels-dir", default="", help="a folder of built kernels")
+    parser.add_argument("--keys", type=int, default=180, help="keys per request")
+    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--out", default="bench/results/decode_attention.json")
+    args = parser.parse_args()
+    if not load_kernels(args.model, torch.device("cpu"), args.kernels_dir).decode_attention:
+        raise SystemExit("no kernels are built for this CPU: run `make kernels` first")
+    config = ModelConfig.from_dir(args.model)
+    info = machine_info()
+    print(f"machine: {describe(info)}")
+    print(
+        f"heads {config.num_heads} over {config.num_kv_heads}, head_dim {config.head_dim}, "
+        f"bf16, {args.keys} keys a request"
+    )
+    rows = []
+    for requests in REQUESTS:
+        for layout in ("in order", "random"):
+            row = measure(config, requests, args.keys, layout, args.repeats)
+            rows.append(row)
+            print(
+                f"{requests:3d} requests, slots {layout:8s}: warm {row['warm_us']:7.1f} µs "
+                f"({row['warm_gbps']:5.1f} GB/s), from memory {row['from_memory_us']:7.1f} µs "
+                f"({row['from_memory_gbps']:5.1f} GB/s)"
+            )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": info, "model": args.model, "rows": rows}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
