@@ -74,6 +74,15 @@ def measure(
     return row
 
 
+def line(row: dict[str, float | int | str]) -> str:
+    """One row as printed: the call's time and the pool's bytes a second, both ways."""
+    timings = ", ".join(
+        f"{name} {row[f'{key}_us']:7.1f} µs ({row[f'{key}_gbps']:5.1f} GB/s)"
+        for name, key in (("warm", "warm"), ("from memory", "from_memory"))
+    )
+    return f"{row['requests']:3d} requests, slots {row['layout']:8s}: {timings}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="models/tokenline-small")
@@ -91,16 +100,13 @@ def main() -> None:
         f"heads {config.num_heads} over {config.num_kv_heads}, head_dim {config.head_dim}, "
         f"bf16, {args.keys} keys a request"
     )
-    rows = []
-    for requests in REQUESTS:
-        for layout in ("in order", "random"):
-            row = measure(config, requests, args.keys, layout, args.repeats)
-            rows.append(row)
-            print(
-                f"{requests:3d} requests, slots {layout:8s}: warm {row['warm_us']:7.1f} µs "
-                f"({row['warm_gbps']:5.1f} GB/s), from memory {row['from_memory_us']:7.1f} µs "
-                f"({row['from_memory_gbps']:5.1f} GB/s)"
-            )
+    rows = [
+        measure(config, requests, args.keys, layout, args.repeats)
+        for requests in REQUESTS
+        for layout in ("in order", "random")
+    ]
+    for row in rows:
+        print(line(row))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": info, "model": args.model, "rows": rows}, indent=2))
