@@ -250,7 +250,7 @@ template <int64_t Vecs>
 void weighted_group(const Operands<at::BFloat16>& ops, int64_t b, int64_t kv,
                     const uint16_t* weights, int64_t padded, const float* totals,
                     const at::BFloat16* zeros) {
-  constexpr int64_t kRows = std::min<int64_t>(8, kAccumulators / (2 * Vecs));
+  constexpr int64_t kRows = kAccumulators / (2 * Vecs);  // 8, 4, 2 and 2 rows
   for (int64_t first = 0; first < ops.group; first += kRows) {
     weighted_rows<Vecs, kRows>(ops, b, kv, first, std::min(kRows, ops.group - first), weights,
                                padded, totals, zeros);
