@@ -1,11 +1,13 @@
 // What the engine's CPU kernels share: float32 vectors of at::vec loaded from the model's
-// dtypes (float32, bfloat16, float16), and their sum.
+// dtypes (float32, bfloat16, float16), their sum, and the rounding and stores that make a
+// kernel round where the eager ops round (to the model dtype).
 #pragma once
 
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <cstdint>
+#include <tuple>
 #include <type_traits>
 
 namespace tokenline {
@@ -27,6 +29,29 @@ inline Vec load_floats(const T* p) {
 
 inline float lane_sum(const Vec& v) {
   return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, v);
+}
+
+// Two float vectors rounded to T and back, as the eager op's output in T would be.
+template <typename T>
+inline void round_to(Vec& a, Vec& b) {
+  if constexpr (!std::is_same_v<T, float>) {
+    std::tie(a, b) = at::vec::convert_to_float<T>(at::vec::convert_from_float<T>(a, b));
+  }
+}
+
+template <typename T>
+inline float round_to(float v) {
+  return static_cast<float>(static_cast<T>(v));
+}
+
+template <typename T>
+inline void store(T* p, const Vec& a, const Vec& b) {
+  if constexpr (std::is_same_v<T, float>) {
+    a.store(p);
+    b.store(p + kLanes);
+  } else {
+    at::vec::convert_from_float<T>(a, b).store(p);
+  }
 }
 
 }  // namespace tokenline

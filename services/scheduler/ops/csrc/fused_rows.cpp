@@ -33,30 +33,9 @@ namespace {
 using tokenline::kLanes;
 using tokenline::lane_sum;
 using tokenline::load_floats;
+using tokenline::round_to;
+using tokenline::store;
 using tokenline::Vec;
-
-// Two float vectors rounded to T and back, as the eager op's output in T would be.
-template <typename T>
-inline void round_to(Vec& a, Vec& b) {
-  if constexpr (!std::is_same_v<T, float>) {
-    std::tie(a, b) = at::vec::convert_to_float<T>(at::vec::convert_from_float<T>(a, b));
-  }
-}
-
-template <typename T>
-inline float round_to(float v) {
-  return static_cast<float>(static_cast<T>(v));
-}
-
-template <typename T>
-inline void store(T* p, const Vec& a, const Vec& b) {
-  if constexpr (std::is_same_v<T, float>) {
-    a.store(p);
-    b.store(p + kLanes);
-  } else {
-    at::vec::convert_from_float<T>(a, b).store(p);
-  }
-}
 
 // Rows per parallel chunk: enough elements that a thread's share is worth its start.
 inline int64_t grain_rows(int64_t width) {
