@@ -7,7 +7,8 @@ layers.py``), the int8 weight-only matmul of few rows (``csrc/int8_rows.cpp``, u
 used by ``model_executor/models/int8/w8a8_weight.py``), the bf16 decode copy's matmul
 (``csrc/bf16_blocks.cpp``, used by ``model_executor/models/linear.py`` and ``moe.py``) and
 bf16 prompt attention where there is no AMX (``csrc/prompt_attention.cpp``, used by the
-attention backend), compiled into one library.
+attention backend) and a MoE layer's routing and weighted sum (``csrc/moe_routing.cpp``,
+used by ``model_executor/models/moe.py``), compiled into one library.
 
 A row sampled from the whole softmax (the OpenAI default: temperature only) would need every
 vocabulary entry's ``exp`` to find its inverse CDF. ``csrc/sample_rows.cpp`` draws each row
@@ -74,6 +75,7 @@ SOURCES = (
     _CSRC / "bf16_blocks.cpp",
     _CSRC / "prompt_attention.cpp",
     _CSRC / "w8a8.cpp",
+    _CSRC / "moe_routing.cpp",
 )
 HEADERS = (
     _CSRC / "float_vec.h",

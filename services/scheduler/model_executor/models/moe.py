@@ -2,12 +2,14 @@
 
 The router picks ``top_k`` experts per token. Rather than loop over tokens, the step's
 (token, expert) pairs are sorted by expert so that each expert that any token chose runs
-one matmul over all of its tokens; the outputs are weighted and summed back per token with
-one ``index_add_``. The expert weights live stacked in ``[num_experts, ...]`` parameters
-(the loader stacks HF's per-expert tensors into them). ``prepare_linears`` then packs each
-expert's pair for oneDNN and pads or tiles its rows as it does a ``Linear``'s
-(``linear.py``): a decode step gives most experts one to three rows, where oneDNN's packed
-matmul streams the weight about 1.6x as fast as ``F.linear`` from the [out, in] layout.
+one matmul over all of its tokens; the outputs are weighted and summed back per token
+(``route`` and ``combine``: with the kernels, one call each in place of about twenty small
+ops per layer, a tenth of a one-request decode step). The expert weights live stacked in
+``[num_experts, ...]`` parameters (the loader stacks HF's per-expert tensors into them).
+``prepare_linears`` then packs each expert's pair for oneDNN and pads or tiles its rows as
+it does a ``Linear``'s (``linear.py``): a decode step gives most experts one to three rows,
+where oneDNN's packed matmul streams the weight about 1.6x as fast as ``F.linear`` from the
+[out, in] layout.
 With the decode copy an expert of up to ``decode_copy_rows`` rows multiplies by its weights'
 decode copies (``linear.py``): up to 4 with AMX, every step without (then the copies replace
 the packed weights). The copies are stacked per projection (``ExpertCopies``), so a step
@@ -36,6 +38,47 @@ from services.scheduler.model_executor.models.linear import (
     RowShaped,
     can_copy_for_decode,
 )
+
+
+class Routing(NamedTuple):
+    """A step's (token, expert) pairs sorted by expert, stably (so by token within one):
+    ``token_of`` [T * k] each pair's token, ``weights`` [T * k] its routing weight in
+    float32, ``offsets`` [E + 1] where expert e's pairs start."""
+
+    token_of: torch.Tensor
+    weights: torch.Tensor
+    offsets: torch.Tensor
+
+
+def route(logits: torch.Tensor, top_k: int, renormalize: bool, kernel: bool) -> Routing:
+    """Each token's ``top_k`` experts by softmax of its router ``logits`` [T, E], their
+    probabilities renormalised to sum to one where the model asks. The kernel is one call
+    for the fifteen small ops below, with the same pairs (``csrc/moe_routing.cpp``)."""
+    if kernel:
+        token_of, weights, offsets = torch.ops.tokenline.moe_route(logits, top_k, renormalize)
+        return Routing(token_of, weights, offsets)
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, expert_ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    flat = expert_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=logits.shape[-1])
+    offsets = F.pad(counts.cumsum(0), (1, 0))
+    return Routing(order // top_k, weights.reshape(-1)[order], offsets)
+
+
+def combine(outputs: torch.Tensor, routing: Routing, tokens: int, kernel: bool) -> torch.Tensor:
+    """[tokens, H]: each token's expert ``outputs`` (in ``routing``'s order) times their
+    weights in the model dtype, summed. The kernel gives the same bits in one call."""
+    if kernel:
+        out: torch.Tensor = torch.ops.tokenline.moe_combine(
+            outputs, routing.weights, routing.token_of, tokens
+        )
+        return out
+    weighted = outputs * routing.weights.to(outputs.dtype)[:, None]
+    summed = outputs.new_zeros(tokens, outputs.shape[1])
+    return summed.index_add_(0, routing.token_of, weighted)
 
 
 class ExpertCopies(NamedTuple):
@@ -85,35 +128,25 @@ class Experts(nn.Module, RowShaped):
         self.act = ACTIVATIONS[config.hidden_act]
         self.is_silu = config.hidden_act == "silu"
 
-    def forward(
-        self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
-    ) -> torch.Tensor:
-        """Sum over each token's chosen experts (``expert_ids`` [T, k]) of weight x output."""
-        top_k = expert_ids.shape[1]
-        flat = expert_ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        token_of = order // top_k
-        counts = torch.bincount(flat, minlength=self.num_experts)
-        rows = x.index_select(0, token_of)
-        if self.decode_copies is not None and int(counts.max()) <= self.decode_copy_rows:
-            outputs = self._grouped(rows, counts)
-        else:
-            outputs = torch.empty_like(rows)
-            start = 0
-            for expert, count in enumerate(counts.tolist()):
-                if count:
-                    end = start + count
-                    outputs[start:end] = self._expert(expert, rows[start:end])
-                    start = end
-        outputs = outputs * weights.reshape(-1)[order, None]
-        return torch.zeros_like(x).index_add_(0, token_of, outputs)
+    def forward(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
+        """Every routed pair's expert output [T * k, H], in ``routing``'s order."""
+        rows = x.index_select(0, routing.token_of)
+        bounds = routing.offsets.tolist()
+        counts = [end - start for start, end in zip(bounds, bounds[1:], strict=False)]
+        if self.decode_copies is not None and max(counts) <= self.decode_copy_rows:
+            return self._grouped(rows, routing.offsets)
+        outputs = torch.empty_like(rows)
+        for expert, (start, end) in enumerate(zip(bounds, bounds[1:], strict=False)):
+            if end > start:
+                outputs[start:end] = self._expert(expert, rows[start:end])
+        return outputs
 
-    def _grouped(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Every expert's rows (``rows`` sorted by expert, ``counts`` per expert) through
-        its MLP by the stacked decode copies: the same sums as ``_expert`` per expert."""
+    def _grouped(self, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Every expert's rows (``rows`` sorted by expert, expert e's from ``offsets[e]``)
+        through its MLP by the stacked decode copies: the same sums as ``_expert`` per
+        expert."""
         assert self.decode_copies is not None
         gate_up, down = self.decode_copies
-        offsets = F.pad(counts.cumsum(0), (1, 0))
         return down.grouped_matmul(self._activate(gate_up.grouped_matmul(rows, offsets)), offsets)
 
     def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
@@ -172,7 +205,11 @@ class Experts(nn.Module, RowShaped):
 
 
 class SparseMoeBlock(nn.Module):
-    """Router (``gate``) and experts; HF's names, so checkpoints map one to one."""
+    """Router (``gate``) and experts; HF's names, so checkpoints map one to one. Routing and
+    the weighted sum run ``csrc/moe_routing.cpp``'s kernels once ``use_row_kernels`` has
+    switched ``kernel`` on."""
+
+    kernel: bool = False
 
     def __init__(self, config: ModelConfig, moe: MoeConfig) -> None:
         super().__init__()
@@ -181,11 +218,8 @@ class SparseMoeBlock(nn.Module):
         self.experts = Experts(config, moe)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(self.gate(x).float(), dim=-1)
-        weights, expert_ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return self.experts(x, expert_ids, weights.to(x.dtype))
+        routing = route(self.gate(x), self.top_k, self.norm_topk_prob, self.kernel)
+        return combine(self.experts(x, routing), routing, x.shape[0], self.kernel)
 
 
 def create_mlp(config: ModelConfig, layer_id: int) -> nn.Module:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from services.scheduler.__main__ import parse_args
@@ -156,7 +157,7 @@ def test_experts_with_copies_run_grouped_with_the_sums_of_one_call_each(block_ke
     counts = torch.tensor([2, 0, 4, 1] + [0] * (experts.num_experts - 4))
     rows = torch.randn(int(counts.sum()), experts.gate_up_proj.shape[-1], generator=gen)
     rows = rows.to(torch.bfloat16)
-    grouped = experts._grouped(rows, counts)
+    grouped = experts._grouped(rows, F.pad(counts.cumsum(0), (1, 0)))
     start = 0
     for expert, count in enumerate(counts.tolist()):
         alone = experts._expert(expert, rows[start : start + count])
