@@ -11,7 +11,8 @@
 //
 // moe_route gives the same pairs in the same order as the eager path: sorted by expert,
 // stably, so by token within an expert. Its weights differ from eager only in the last bits
-// of a float32 exp and sum, and in ties: where logits tie at the k-th place it takes the
+// of float32 exps and sums (renormalised, it divides by the chosen ones' sum without the
+// full softmax's), and in ties: where logits tie at the k-th place it takes the
 // lower expert, where torch.topk's choice is its sort's. moe_combine rounds where the eager
 // ops round (the weight to the model dtype, each product, then the float32 sum index_add_
 // accumulates) and adds a token's rows in position order, so by expert: the eager bits in
@@ -44,37 +45,32 @@ using tokenline::store;
 using tokenline::Vec;
 
 // One token's `top_k` experts by router probability (the logits' order), highest first, ties
-// to the lower expert; their softmax probabilities, renormalised to sum to one if asked.
+// to the lower expert, in one pass over the logits; their softmax probabilities,
+// renormalised to sum to one if asked (then only the chosen ones' exps are needed: the
+// full sum cancels).
 template <typename T>
 void route_token(const T* logits, int64_t experts, int64_t top_k, bool renormalize,
                  int64_t* chosen, float* weights) {
-  float max_logit = -std::numeric_limits<float>::infinity();
+  auto logit = [&](int64_t e) { return static_cast<float>(logits[e]); };
+  int64_t count = 0;
   for (int64_t e = 0; e < experts; ++e) {
-    max_logit = std::max(max_logit, static_cast<float>(logits[e]));
+    const float value = logit(e);
+    if (count == top_k && !(value > logit(chosen[top_k - 1]))) {
+      continue;  // not above the k-th: an equal one stays behind the lower expert
+    }
+    int64_t at = count < top_k ? count++ : top_k - 1;
+    for (; at > 0 && value > logit(chosen[at - 1]); --at) chosen[at] = chosen[at - 1];
+    chosen[at] = e;
   }
+  const float top = logit(chosen[0]);
   float total = 0.0f;
-  for (int64_t e = 0; e < experts; ++e) {
-    total += std::exp(static_cast<float>(logits[e]) - max_logit);
-  }
-  float chosen_total = 0.0f;
-  for (int64_t slot = 0; slot < top_k; ++slot) {
-    int64_t best = -1;
-    for (int64_t e = 0; e < experts; ++e) {
-      if (std::find(chosen, chosen + slot, e) != chosen + slot) {
-        continue;
-      }
-      if (best < 0 || static_cast<float>(logits[e]) > static_cast<float>(logits[best])) {
-        best = e;
-      }
-    }
-    chosen[slot] = best;
-    weights[slot] = std::exp(static_cast<float>(logits[best]) - max_logit) / total;
-    chosen_total += weights[slot];
-  }
   if (renormalize) {
-    for (int64_t slot = 0; slot < top_k; ++slot) {
-      weights[slot] /= chosen_total;
-    }
+    for (int64_t slot = 0; slot < top_k; ++slot) total += std::exp(logit(chosen[slot]) - top);
+  } else {
+    for (int64_t e = 0; e < experts; ++e) total += std::exp(logit(e) - top);
+  }
+  for (int64_t slot = 0; slot < top_k; ++slot) {
+    weights[slot] = std::exp(logit(chosen[slot]) - top) / total;
   }
 }
 
