@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.scheduler.model_executor.forward_batch import ForwardBatch
 from services.scheduler.model_executor.models.loader import load_model
 from services.scheduler.model_executor.models.moe import SparseMoeBlock, combine, route
 from services.scheduler.model_executor.row_kernels import use_row_kernels
@@ -19,7 +18,7 @@ from services.scheduler.ops.cpu_kernels import is_registered
 from tests.checkpoints import build_hf_model
 from tests.scheduler.conftest import needs_compiler
 from tests.scheduler.model_executor.models.test_decode_copy import save_checkpoint
-from tests.scheduler.parity import new_pool
+from tests.scheduler.parity import all_logits
 
 pytestmark = needs_compiler
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -125,18 +124,14 @@ def test_bad_input_is_refused_with_the_reason() -> None:
 def test_a_moe_model_on_the_kernels_gives_the_eager_logits(
     tmp_path: Path, default_model_dir: Path
 ) -> None:
+    """A prompt's prefill (its tokens spread over the experts) and two decode steps (one
+    token each), with the kernels and eagerly."""
     checkpoint = save_checkpoint(build_hf_model("qwen3_moe"), tmp_path, default_model_dir)
-    model, config = load_model(checkpoint, torch.float32, "cpu")
+    model, _ = load_model(checkpoint, torch.float32, "cpu")
     blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
     assert blocks and not any(block.kernel for block in blocks)
     prompt = list(range(10, 40))
-
-    def logits() -> torch.Tensor:
-        pool = new_pool(config, len(prompt))
-        batch = ForwardBatch.build([prompt], [0], [pool.allocate(len(prompt))])
-        return model(batch, pool, all_logits=True)
-
-    eager = logits()
+    eager = all_logits(model, prompt, decode=2)
     use_row_kernels(model)
     assert all(block.kernel for block in blocks)
-    torch.testing.assert_close(logits(), eager, rtol=0.0, atol=1e-3)
+    torch.testing.assert_close(all_logits(model, prompt, decode=2), eager, rtol=0.0, atol=1e-3)
