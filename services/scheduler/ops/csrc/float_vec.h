@@ -1,11 +1,13 @@
 // What the engine's CPU kernels share: float32 vectors of at::vec loaded from the model's
-// dtypes (float32, bfloat16, float16), their sum, and the rounding and stores that make a
-// kernel round where the eager ops round (to the model dtype).
+// dtypes (float32, bfloat16, float16), their sum, the rounding and stores that make a
+// kernel round where the eager ops round (to the model dtype), and the row-wise kernels'
+// parallel grain.
 #pragma once
 
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <tuple>
 #include <type_traits>
@@ -52,6 +54,12 @@ inline void store(T* p, const Vec& a, const Vec& b) {
   } else {
     at::vec::convert_from_float<T>(a, b).store(p);
   }
+}
+
+// Rows of `width` elements per parallel chunk in the row-wise kernels: enough elements that
+// a thread's share is worth its start.
+inline int64_t grain_rows(int64_t width) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1));
 }
 
 }  // namespace tokenline

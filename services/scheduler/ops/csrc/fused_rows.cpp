@@ -30,17 +30,13 @@
 
 namespace {
 
+using tokenline::grain_rows;
 using tokenline::kLanes;
 using tokenline::lane_sum;
 using tokenline::load_floats;
 using tokenline::round_to;
 using tokenline::store;
 using tokenline::Vec;
-
-// Rows per parallel chunk: enough elements that a thread's share is worth its start.
-inline int64_t grain_rows(int64_t width) {
-  return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1));
-}
 
 template <typename T>
 void rms_norm_rows(

@@ -24,7 +24,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include "float_vec.h"
@@ -38,6 +37,7 @@
 
 namespace {
 
+using tokenline::grain_rows;
 using tokenline::kLanes;
 using tokenline::load_floats;
 using tokenline::round_to;
@@ -74,6 +74,24 @@ void route_token(const T* logits, int64_t experts, int64_t top_k, bool renormali
   }
 }
 
+// A stable counting sort of n keys in [0, buckets): starts [buckets + 1], where each key's
+// run begins, and order [n], the indices by key (by index within a key). Routing sorts the
+// pairs by expert with it, the weighted sum by token.
+void sort_by_bucket(const int64_t* keys, int64_t n, int64_t buckets, int64_t* starts,
+                    int64_t* order) {
+  std::fill(starts, starts + buckets + 1, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    ++starts[keys[i] + 1];
+  }
+  for (int64_t b = 0; b < buckets; ++b) {
+    starts[b + 1] += starts[b];
+  }
+  std::vector<int64_t> next(starts, starts + buckets);
+  for (int64_t i = 0; i < n; ++i) {
+    order[next[keys[i]]++] = i;
+  }
+}
+
 // logits [T, E]: each token's top_k experts. Returns the T * top_k (token, expert) pairs
 // sorted by expert, stably: the token of each (int64), its routing weight (float32), and
 // offsets [E + 1] (int64) where expert e's pairs start.
@@ -85,8 +103,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_route(const at::Tensor& logit
   const int64_t experts = logits.size(1);
   TORCH_CHECK(top_k >= 1 && top_k <= experts, "moe_route: top_k must be in 1..experts");
   const at::Tensor dense = logits.contiguous();
-  std::vector<int64_t> chosen(tokens * top_k);
-  std::vector<float> weights(tokens * top_k);
+  const int64_t pairs = tokens * top_k;
+  std::vector<int64_t> chosen(pairs);
+  std::vector<float> weights(pairs);
   AT_DISPATCH_V2(
       dense.scalar_type(), "moe_route", AT_WRAP([&] {
         const scalar_t* rows = dense.data_ptr<scalar_t>();
@@ -99,24 +118,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_route(const at::Tensor& logit
       }),
       at::kFloat, at::kBFloat16, at::kHalf);
 
-  at::Tensor offsets = at::zeros({experts + 1}, logits.options().dtype(at::kLong));
-  int64_t* bounds = offsets.data_ptr<int64_t>();
-  for (const int64_t e : chosen) {
-    ++bounds[e + 1];
-  }
-  for (int64_t e = 0; e < experts; ++e) {
-    bounds[e + 1] += bounds[e];
-  }
-  std::vector<int64_t> next(bounds, bounds + experts);
-  const int64_t pairs = tokens * top_k;
+  at::Tensor offsets = at::empty({experts + 1}, logits.options().dtype(at::kLong));
+  std::vector<int64_t> order(pairs);  // pairs in (token, slot) order, sorted by expert
+  sort_by_bucket(chosen.data(), pairs, experts, offsets.data_ptr<int64_t>(), order.data());
   at::Tensor token_of = at::empty({pairs}, offsets.options());
   at::Tensor sorted_weights = at::empty({pairs}, logits.options().dtype(at::kFloat));
   int64_t* token_out = token_of.data_ptr<int64_t>();
   float* weight_out = sorted_weights.data_ptr<float>();
-  for (int64_t pair = 0; pair < pairs; ++pair) {  // in (token, slot) order: a stable sort
-    const int64_t position = next[chosen[pair]]++;
-    token_out[position] = pair / top_k;
-    weight_out[position] = weights[pair];
+  for (int64_t position = 0; position < pairs; ++position) {
+    token_out[position] = order[position] / top_k;
+    weight_out[position] = weights[order[position]];
   }
   return {token_of, sorted_weights, offsets};
 }
@@ -126,8 +137,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_route(const at::Tensor& logit
 template <typename T>
 void combine_rows(const T* rows, int64_t width, const float* weights, const int64_t* starts,
                   const int64_t* positions, int64_t tokens, T* out) {
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1));
-  at::parallel_for(0, tokens, grain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, tokens, grain_rows(width), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       T* dst = out + t * width;
       int64_t d = 0;
@@ -177,20 +187,13 @@ at::Tensor moe_combine(const at::Tensor& rows, const at::Tensor& weights,
   const at::Tensor dense_weights = weights.contiguous();
   const at::Tensor dense_tokens = token_of.contiguous();
   const int64_t* token_at = dense_tokens.data_ptr<int64_t>();
-  // Each token's positions, in position order (a counting sort by token).
-  std::vector<int64_t> starts(tokens + 1, 0);
   for (int64_t p = 0; p < pairs; ++p) {
     TORCH_CHECK(token_at[p] >= 0 && token_at[p] < tokens, "moe_combine: token out of range");
-    ++starts[token_at[p] + 1];
   }
-  for (int64_t t = 0; t < tokens; ++t) {
-    starts[t + 1] += starts[t];
-  }
-  std::vector<int64_t> next(starts.begin(), starts.end() - 1);
+  // Each token's positions, in position order.
+  std::vector<int64_t> starts(tokens + 1);
   std::vector<int64_t> positions(pairs);
-  for (int64_t p = 0; p < pairs; ++p) {
-    positions[next[token_at[p]]++] = p;
-  }
+  sort_by_bucket(token_at, pairs, tokens, starts.data(), positions.data());
   const int64_t width = rows.size(1);
   at::Tensor out = at::empty({tokens, width}, rows.options());
   AT_DISPATCH_V2(
