@@ -22,6 +22,7 @@ send a token to another expert.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import NamedTuple
 
 import torch
@@ -131,12 +132,12 @@ class Experts(nn.Module, RowShaped):
     def forward(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
         """Every routed pair's expert output [T * k, H], in ``routing``'s order."""
         rows = x.index_select(0, routing.token_of)
-        bounds = routing.offsets.tolist()
-        counts = [end - start for start, end in zip(bounds, bounds[1:], strict=False)]
-        if self.decode_copies is not None and max(counts) <= self.decode_copy_rows:
+        spans = list(pairwise(routing.offsets.tolist()))  # expert e's rows: spans[e]
+        most = max(end - start for start, end in spans)
+        if self.decode_copies is not None and most <= self.decode_copy_rows:
             return self._grouped(rows, routing.offsets)
         outputs = torch.empty_like(rows)
-        for expert, (start, end) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        for expert, (start, end) in enumerate(spans):
             if end > start:
                 outputs[start:end] = self._expert(expert, rows[start:end])
         return outputs
